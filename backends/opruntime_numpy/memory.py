@@ -1,0 +1,47 @@
+"""The ``cpu`` device: host memory is device memory, so placement copies nothing."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+import numpy as np
+
+from opruntime import DeviceProvider
+
+
+class CpuDevice(DeviceProvider):
+    kind = "cpu"
+    name = "cpu"
+    priority = 50
+    array_types = (np.ndarray,)
+
+    def __init__(self) -> None:
+        self.description = platform.processor() or platform.machine()
+
+    def from_host(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_host(self, data: Any) -> np.ndarray:
+        return data
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def from_dlpack(self, obj: Any) -> np.ndarray:
+        return np.from_dlpack(obj)
+
+    def fingerprint(self) -> dict[str, str]:
+        return {"name": self.name, "cpu": self.description, "cores": str(os.cpu_count()), "numpy": np.__version__}
+
+    def info(self) -> dict[str, str]:
+        return {"cores": str(os.cpu_count()), "numpy": np.__version__}
+
+
+def compute_dtype(dtype: str) -> np.dtype:
+    """float16 is computed in float32 (NumPy's float16 BLAS path is slow and imprecise)."""
+    return np.dtype(np.float32 if dtype == "float16" else dtype)

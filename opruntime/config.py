@@ -1,0 +1,360 @@
+"""Settings and their sources, later ones overriding earlier ones:
+
+1. built-in defaults (device: the best present, by each device's priority);
+2. a file: the one named by ``OPRUNTIME_CONFIG``, else the nearest ``opruntime.toml`` or
+   ``pyproject.toml`` with a ``[tool.opruntime]`` table, searching up from the working directory;
+3. the environment (:data:`ENV`);
+4. :func:`configure` in code (process-wide);
+5. ``with opr.device(...)`` / ``with opr.override(...)`` (this thread / task only);
+6. the ``device=`` argument of one call.
+
+Keys (file, ``configure`` and ``override`` alike; :data:`KEYS` is the source of truth)::
+
+    device    = "cuda:0" | ["cuda:0", "cpu"]   # a priority list: the first present wins
+    tune      = "off" | "heuristic" | "autotune"
+    strict    = false                          # raise instead of announcing a fallback
+    plugins   = ["-opencl"]                    # "-name" blocks a plugin; plain names allow only those
+    cache_dir = "~/.cache/opruntime"
+    [ops.softmax]                              # per operator (under [tool.opruntime.ops.softmax]
+    device = "opencl:0"                        #  in pyproject.toml)
+    kernel = "opencl.softmax.workgroup_row"    # pin a kernel by name
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import tomllib
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, DeviceUnavailableError, FallbackWarning
+
+TUNE_MODES = ("off", "heuristic", "autotune")
+
+#: key -> (what it is, the values allowed); the documentation and the validation both read it.
+KEYS: dict[str, tuple[str, str]] = {
+    "device": ("device priority list; the first present device wins", 'a name or a list of names, e.g. ["cuda:0", "cpu"]'),
+    "tune": ("how kernels are chosen", " | ".join(TUNE_MODES)),
+    "strict": ("raise instead of announcing a fallback", "true | false"),
+    "plugins": ("plugins to block ('-name') or, with plain names, the only ones to load", 'a list of names, e.g. ["-opencl"]'),
+    "cache_dir": ("where tuning results are kept", "a directory path"),
+    "ops": ("per-operator settings: a table per operator with 'device' and/or 'kernel'", "[ops.<op>] device = ..., kernel = ..."),
+}
+OP_KEYS = ("device", "kernel")
+
+#: environment variable -> settings key.
+ENV = {
+    "OPRUNTIME_DEVICE": "device",
+    "OPRUNTIME_TUNE": "tune",
+    "OPRUNTIME_STRICT": "strict",
+    "OPRUNTIME_PLUGINS": "plugins",
+    "OPRUNTIME_CACHE_DIR": "cache_dir",
+}
+
+
+@dataclass(frozen=True)
+class OpSettings:
+    """Settings for one operator: a device priority list and/or a pinned kernel name."""
+
+    device: tuple[str, ...] = ()
+    kernel: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Settings:
+    """The effective settings of one context. Immutable; equal content gives the same object."""
+
+    device: tuple[str, ...] = ()
+    tune: str = "heuristic"
+    strict: bool = False
+    plugins: tuple[str, ...] = ()
+    cache_dir: str | None = None
+    ops: Mapping[str, OpSettings] = field(default_factory=dict)
+    origin: Mapping[str, str] = field(default_factory=dict)  # key -> the source that set it
+
+    @property
+    def blocked_plugins(self) -> tuple[str, ...]:
+        return tuple(p[1:] for p in self.plugins if p.startswith("-"))
+
+    @property
+    def allowed_plugins(self) -> tuple[str, ...]:
+        return tuple(p for p in self.plugins if not p.startswith("-"))
+
+    def content(self) -> tuple:
+        return tuple((f.name, _freeze(getattr(self, f.name))) for f in fields(self) if f.name != "origin")
+
+    def __repr__(self) -> str:
+        parts = [f"{k}={v!r} ({self.origin.get(k, 'default')})" for k, v in self.content() if v not in ((), None)]
+        return "Settings(" + ", ".join(parts) + ")"
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    return v
+
+
+# -- parsing and validation ---------------------------------------------------------------
+def _names(value: Any, where: str, key: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = [v.strip() for v in value]
+    else:
+        raise ConfigError(f"{where}: {key!r} must be {KEYS.get(key, ('', 'a list of names'))[1]}, got {value!r}")
+    if not all(items):
+        raise ConfigError(f"{where}: {key!r} has an empty name in {value!r}")
+    return tuple(items)
+
+
+def _bool(value: Any, where: str, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"{where}: {key!r} must be true or false (or 1/0), got {value!r}")
+
+
+def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Validate one source's raw mapping into settings fields. ``where`` names the source."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(KEYS)}")
+        if key in ("device", "plugins"):
+            out[key] = _names(value, where, key)
+        elif key == "tune":
+            if value not in TUNE_MODES:
+                raise ConfigError(f"{where}: 'tune' must be one of {', '.join(TUNE_MODES)}, got {value!r}")
+            out[key] = value
+        elif key == "strict":
+            out[key] = _bool(value, where, key)
+        elif key == "cache_dir":
+            if not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(f"{where}: 'cache_dir' must be a directory path, got {value!r}")
+            out[key] = str(Path(value).expanduser())
+        elif key == "ops":
+            out[key] = _parse_ops(value, where)
+    return out
+
+
+def _parse_ops(value: Any, where: str) -> dict[str, OpSettings]:
+    from .ops import OPS
+
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: 'ops' must be a table of operators, got {value!r}")
+    ops = {}
+    for op, table in value.items():
+        if op not in OPS:
+            raise ConfigError(f"{where}: unknown operator {op!r} under 'ops'; operators: {', '.join(OPS)}")
+        if isinstance(table, OpSettings):
+            ops[op] = table
+            continue
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: 'ops.{op}' must be a table with {' and/or '.join(OP_KEYS)}, got {table!r}")
+        bad = set(table) - set(OP_KEYS)
+        if bad:
+            raise ConfigError(f"{where}: unknown key(s) {sorted(bad)} in 'ops.{op}'; allowed: {', '.join(OP_KEYS)}")
+        kernel = table.get("kernel")
+        if kernel is not None and not isinstance(kernel, str):
+            raise ConfigError(f"{where}: 'ops.{op}.kernel' must be a kernel name, got {kernel!r}")
+        device = _names(table["device"], where, f"ops.{op}.device") if "device" in table else ()
+        ops[op] = OpSettings(device, kernel)
+    return ops
+
+
+def find_file(start: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The config file in force and its raw ``opruntime`` table, or None."""
+    named = os.environ.get("OPRUNTIME_CONFIG")
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"OPRUNTIME_CONFIG names {str(path)!r}, which is not a file")
+        return path, _read(path)
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        own = d / "opruntime.toml"
+        if own.is_file():
+            return own, _read(own)
+        pyproject = d / "pyproject.toml"
+        if pyproject.is_file():
+            table = _read(pyproject)
+            if table:
+                return pyproject, table
+    return None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read configuration: {exc}") from exc
+    if path.name == "pyproject.toml":
+        return data.get("tool", {}).get("opruntime", {})
+    return data.get("tool", {}).get("opruntime", data)
+
+
+# -- the layers -----------------------------------------------------------------------------
+_lock = threading.RLock()
+_code: dict[str, Any] = {}  # layer 4: configure()
+_base: Settings | None = None  # defaults + file + env + code, merged
+_layers: list[tuple[str, dict[str, Any]]] = []  # the layers _base was merged from
+_interned: dict[tuple, Settings] = {}
+_override: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar("opruntime_override", default=())
+_effective: dict[tuple, Settings] = {}
+
+
+def _merge(layers: list[tuple[str, dict[str, Any]]]) -> Settings:
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for source, layer in layers:
+        for key, v in layer.items():
+            if key == "ops":
+                merged = dict(values.get("ops", {}))
+                for op, s in v.items():
+                    old = merged.get(op, OpSettings())
+                    merged[op] = OpSettings(s.device or old.device, s.kernel or old.kernel)
+                    origin[f"ops.{op}"] = source
+                v = merged
+            values[key] = v
+            origin[key] = source
+    s = Settings(**values, origin=origin)
+    return _interned.setdefault(s.content(), s)
+
+
+def _base_layers() -> list[tuple[str, dict[str, Any]]]:
+    layers: list[tuple[str, dict[str, Any]]] = []
+    found = find_file()
+    if found:
+        layers.append((str(found[0]), parse(found[1], str(found[0]))))
+    env = {key: os.environ[var] for var, key in ENV.items() if os.environ.get(var, "").strip()}
+    for var, key in ENV.items():
+        if key in env:
+            layers.append((f"${var}", parse({key: env[key]}, f"environment variable {var}")))
+    if _code:
+        layers.append(("configure()", dict(_code)))
+    return layers
+
+
+def settings() -> Settings:
+    """The settings in force in this context (cheap: cached until something changes)."""
+    global _base
+    base = _base
+    if base is None:
+        with _lock:
+            _layers[:] = _base_layers()
+            base = _base = _merge(_layers)
+    over = _override.get()
+    if not over:
+        return base
+    key = (id(base), over)
+    eff = _effective.get(key)
+    if eff is None:
+        context = {k: dict(v) if k == "ops" else v for k, v in over}
+        eff = _effective[key] = _merge([*_layers, ("context", context)])
+    return eff
+
+
+def reload() -> None:
+    """Re-read the file and the environment (after changing them in a running process)."""
+    global _base
+    with _lock:
+        _base = None
+        _effective.clear()
+
+
+def configure(**values: Any) -> None:
+    """Set process-wide settings in code (layer 4); ``None`` removes a key set earlier.
+
+    Example: ``opr.configure(device=["cuda:0", "cpu"], strict=True, ops={"softmax": {"kernel": "cupy.softmax.warp_row"}})``
+    """
+    removed = {k for k, v in values.items() if v is None}
+    parsed = parse({k: v for k, v in values.items() if v is not None}, "configure()")
+    with _lock:
+        for k in removed:
+            _code.pop(k, None)
+        _code.update(parsed)
+    reload()
+
+
+@contextmanager
+def override(**values: Any) -> Iterator[Settings]:
+    """Settings for this block in this thread / task only (layer 5)."""
+    parsed = parse(values, "override()")
+    token = _override.set(_override.get() + tuple((k, _freeze_value(v)) for k, v in parsed.items()))
+    try:
+        yield settings()
+    finally:
+        _override.reset(token)
+
+
+def _freeze_value(v: Any) -> Any:
+    return tuple(sorted(v.items())) if isinstance(v, dict) else v
+
+
+def device(name: str | list[str] | tuple[str, ...]) -> Any:
+    """``with opr.device("cuda:0"):`` places host data of this block on that device.
+
+    A list is a priority list (the first present device wins).
+    """
+    return override(device=name)
+
+
+# -- device resolution ------------------------------------------------------------------------
+_announced: set[tuple[str, ...]] = set()
+
+
+def resolve_device(s: Settings, op: str, wanted: str | list[str] | tuple[str, ...] | None = None) -> Any:
+    """The device for host data of ``op``: the call's ``wanted``, else the op's setting, else
+    the global one, else the best present device. Returns an ``opruntime.Device``."""
+    from .plugins import registry
+
+    reg = registry()
+    if wanted is not None:
+        names = (wanted,) if isinstance(wanted, str) else tuple(str(w) for w in wanted)
+        source = "the device= argument"
+    else:
+        op_s = s.ops.get(op)
+        if op_s and op_s.device:
+            names, source = op_s.device, s.origin.get(f"ops.{op}", "config")
+        elif s.device:
+            names, source = s.device, s.origin.get("device", "config")
+        else:
+            if not reg.devices:
+                raise DeviceUnavailableError("no device is available: no backend plugin loaded (see `opruntime info`)")
+            return reg.devices[0]
+    errors = []
+    for i, name in enumerate(names):
+        try:
+            dev = reg.device(name)
+        except DeviceUnavailableError as exc:
+            errors.append(str(exc))
+            continue
+        if errors:
+            _announce_fallback(s, names, dev.name, errors, source)
+        return dev
+    raise DeviceUnavailableError(
+        f"{op}: none of the devices {list(names)} (from {source}) is available:\n  " + "\n  ".join(errors)
+    )
+
+
+def _announce_fallback(s: Settings, names: tuple[str, ...], chosen: str, errors: list[str], source: str) -> None:
+    msg = f"opruntime: falling back to {chosen!r} from {source} {list(names)}: " + "; ".join(errors)
+    if s.strict:
+        raise DeviceUnavailableError(msg + " (strict mode: fallbacks raise)")
+    key = (*names, chosen)
+    if key not in _announced:
+        _announced.add(key)
+        import logging
+
+        logging.getLogger("opruntime").warning(msg)
+        warnings.warn(msg, FallbackWarning, stacklevel=4)
+

@@ -1,0 +1,211 @@
+"""What every operator shares: dtype rules, placement, and the per-call path.
+
+An operator module defines an :class:`Operator` subclass with ``normalize`` (validation and
+shape / dtype inference) and ``reference`` (the float64 result tests compare against). The call
+path is the same for all: place the operands on one device, look the exact call up in the plan
+cache, and on a miss validate, build the :class:`~opruntime.kernels.Problem` and let the
+selector rank kernels (``opruntime.selector``).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import selector
+from ..config import resolve_device, settings
+from ..devices import Device
+from ..errors import DeviceMismatchError, DtypeError
+from ..kernels import Attrs, c_strides
+from ..plugins import registry
+from ..tensor import Tensor
+
+#: Computation dtypes, narrow to wide. Mixed operands promote to the widest; float16 with
+#: bfloat16 promotes to float32 (neither holds the other). Integer and bool arrays are rejected;
+#: Python lists and scalars of integers become float32.
+FLOAT_ORDER = ("float16", "bfloat16", "float32", "float64")
+
+
+def result_dtype(op: str, dtypes: Sequence[np.dtype]) -> str:
+    """The dtype the operator computes in and returns, by the rule above."""
+    names = []
+    for dt in dtypes:
+        name = np.dtype(dt).name
+        if name not in FLOAT_ORDER:
+            raise DtypeError(
+                f"{op}: dtype {name} is not supported; operators compute in {', '.join(FLOAT_ORDER)}. "
+                f"Convert first, e.g. x.astype(np.float32) or opr.tensor(x, dtype='float32')"
+            )
+        names.append(name)
+    if not names:
+        return "float32"
+    if {"float16", "bfloat16"} <= set(names):
+        names.append("float32")
+    return max(names, key=FLOAT_ORDER.index)
+
+
+@dataclass
+class Normalized:
+    """What ``Operator.normalize`` returns: the kernel's view of one call."""
+
+    shapes: tuple[tuple[int, ...], ...]  # operand shapes the kernel sees (views of the inputs)
+    attrs: Attrs
+    out_shape: tuple[int, ...]  # the kernel's output shape
+    result_shape: tuple[int, ...]  # the shape the user gets (a view of the kernel output)
+    trivial: str | None = None  # "empty" (nothing to compute) or "zeros" (an empty reduction)
+
+
+class Operator(abc.ABC):
+    """Base of the operators. Subclasses set ``name``, ``operands`` and implement
+    ``normalize`` and ``reference``; ``flops`` and ``bytes`` feed the cost models and the bench."""
+
+    name: str = ""
+    operands: tuple[str, ...] = ()  # names for messages: ("a", "b")
+
+    @abc.abstractmethod
+    def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
+        """Validate shapes and attributes, raising typed errors; infer the result."""
+
+    @abc.abstractmethod
+    def reference(self, *arrays: np.ndarray, **attrs: Any) -> np.ndarray:
+        """The float64 result, computed plainly with NumPy."""
+
+    def flops(self, problem: Any) -> float:
+        return 0.0
+
+    def bytes(self, problem: Any) -> float:
+        from ..kernels import itemsize
+
+        n = sum(math.prod(s) for s in problem.shapes) + math.prod(problem.out_shape)
+        return float(n * itemsize(problem.out_dtype))
+
+    # -- the call path ----------------------------------------------------------------------
+    def __call__(self, *inputs: Any, device: Any = None, **attrs: Any) -> Tensor:
+        s = settings()
+        datas, dev = place(self.name, self.operands, inputs, device, s)
+        try:
+            key = self.key(s, dev, datas, attrs)
+            plan = selector.plans.get(key)
+        except TypeError:  # an unhashable attribute (a list): normalise first
+            key, plan = None, None
+        if plan is None:
+            plan = self.plan(datas, dev, attrs, s)
+            if key is not None:
+                selector.plans[key] = plan
+        return plan(datas)
+
+    def key(self, s: Any, dev: Device, datas: list[Any], attrs: dict[str, Any]) -> tuple:
+        """The plan-cache key of a call; raises TypeError for unhashable attributes."""
+        key = (self.name, s, dev, *[(d.shape, d.dtype, getattr(d, "strides", None)) for d in datas], *attrs.items())
+        hash(key)
+        return key
+
+    def plan(self, datas: list[Any], dev: Device, attrs: dict[str, Any], s: Any) -> selector.Plan:
+        """Validate the call and ask the selector for a plan (the slow path of a call)."""
+        shapes = [tuple(d.shape) for d in datas]
+        dtype = result_dtype(self.name, [d.dtype for d in datas])
+        norm = self.normalize(shapes, dict(attrs))
+        strides = []
+        for d, shape in zip(datas, norm.shapes):
+            st = getattr(d, "strides", None)
+            if st is None or tuple(d.shape) != shape:  # reshaped views: the kernel sees C order
+                strides.append(None if st is None else c_strides(shape))
+            else:
+                strides.append(tuple(x // d.dtype.itemsize for x in st))
+        problem = selector.Problem(
+            self.name, dev.name, norm.shapes, (dtype,) * len(datas), tuple(strides), norm.attrs,
+            norm.out_shape, dtype,
+        )
+        casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
+        return selector.make_plan(self, problem, dev, s, norm, casts)
+
+
+def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: Any) -> tuple[list[Any], Device]:
+    """Put every operand on one device: the Tensors' device, else the configured one.
+
+    Host data (NumPy arrays, lists, scalars) joins the Tensors' device; Tensors on two devices,
+    or a ``device=`` that differs from the Tensors', raise :class:`DeviceMismatchError`.
+    """
+    dev = None
+    for x in inputs:
+        if isinstance(x, Tensor):
+            if dev is None:
+                dev = x.device
+            elif x.device.name != dev.name:
+                _mismatch(op, names, inputs)
+    if dev is None:
+        for x in inputs:
+            if x is not None and not isinstance(x, (np.ndarray, list, tuple, int, float)):
+                owner = registry().device_of(x)
+                if owner is not None:
+                    if dev is not None and owner.name != dev.name:
+                        _mismatch(op, names, inputs)
+                    dev = owner
+    if wanted is not None:
+        want = wanted if isinstance(wanted, Device) else resolve_device(s, op, wanted)
+        if dev is not None and want.name != dev.name:
+            raise DeviceMismatchError(
+                f"{op}: device={str(wanted)!r} was asked but the operands live on {dev.name!r}; "
+                f"move them first with .to({want.name!r}) (opruntime never copies between devices silently)"
+            )
+        dev = want
+    elif dev is None:
+        dev = _default_device(s, op)
+    out = []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            out.append(x.data)
+        elif isinstance(x, np.ndarray):
+            out.append(dev.provider.from_host(x))
+        elif dev.provider.owns(x):
+            out.append(x)
+        else:
+            out.append(dev.provider.from_host(_host(x)))
+    return out, dev
+
+
+def _host(x: Any) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind in "biu" and not isinstance(x, np.generic):
+        arr = arr.astype(np.float32)  # Python lists / scalars of ints: float32 (documented rule)
+    return arr
+
+
+def _default_device(s: Any, op: str) -> Device:
+    key = (s, op)
+    dev = selector.defaults.get(key)
+    if dev is None:
+        dev = selector.defaults[key] = resolve_device(s, op)
+    return dev
+
+
+def _mismatch(op: str, names: Sequence[str], inputs: Sequence[Any]) -> None:
+    where = ", ".join(
+        f"{n} on {x.device.name!r}" for n, x in zip(names, inputs) if isinstance(x, Tensor)
+    )
+    raise DeviceMismatchError(
+        f"{op}: operands live on different devices ({where}); move them to one device with "
+        f".to(...) first (opruntime never copies between devices silently)"
+    )
+
+
+def pair(op: str, name: str, value: Any, minimum: int) -> tuple[int, int]:
+    """An int or a pair of ints, each at least ``minimum``, as a pair."""
+    from ..errors import AttributeValueError
+
+    vals = (value, value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
+    try:
+        a, b = vals
+        ok = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= minimum for v in (a, b))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise AttributeValueError(
+            f"{op}: {name} must be an int or a pair of ints, each >= {minimum}; got {value!r}"
+        )
+    return int(a), int(b)

@@ -1,0 +1,304 @@
+"""Choosing a kernel for a problem, and the plan that runs it.
+
+For each distinct call (operator, settings, device, operand shapes / dtypes / strides,
+attributes) the selector ranks the kernels that support the problem, once, and keeps the result
+as a :class:`Plan` in :data:`plans`; a repeated call goes straight to the plan. Ranking:
+
+1. a kernel pinned in configuration (``[ops.<op>] kernel = ...``) wins;
+2. ``tune = "autotune"``: every candidate (kernel x config) is timed on the device with random
+   inputs and the fastest wins;
+3. ``tune = "heuristic"`` (default): the smallest cost estimate wins;
+4. ``tune = "off"``: registration order.
+
+When the chosen kernel raises, it is dropped for that problem with one ``FallbackWarning`` and
+the next candidate runs; in strict mode the error is raised instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import ConfigError, DtypeError, FallbackWarning, KernelError, NoKernelError, OutOfMemoryError
+from .kernels import Kernel, Problem
+from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from .config import Settings
+    from .devices import Device
+    from .ops.base import Normalized, Operator
+
+log = logging.getLogger("opruntime")
+
+#: call key -> Plan; see ``Operator.__call__``.
+plans: dict[tuple, Plan] = {}
+#: (settings, op) -> the default device for host data.
+defaults: dict[tuple, Device] = {}
+
+__all__ = ["Candidate", "Plan", "Problem", "rank", "make_plan", "explain", "clear_cache", "plans"]
+
+
+def clear_cache() -> None:
+    """Forget every decision (after the registry or the settings change)."""
+    plans.clear()
+    defaults.clear()
+
+
+@dataclass
+class Candidate:
+    """One kernel with one config, as ranked for one problem."""
+
+    kernel: Kernel
+    config: Mapping[str, Any] = field(default_factory=dict)
+    cost: float = math.inf  # the estimate, in seconds
+    measured: float | None = None  # the autotuned median, in seconds
+    status: str = "ok"  # "ok", or why it is not usable
+
+    @property
+    def label(self) -> str:
+        cfg = ",".join(f"{k}={v}" for k, v in self.config.items())
+        return f"{self.kernel.name}[{cfg}]" if cfg else self.kernel.name
+
+
+def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate], list[Candidate], str]:
+    """Rank the kernels for ``problem`` on ``device``.
+
+    Returns:
+        (usable candidates best first, every candidate with its status, why the first won).
+    """
+    from .plugins import registry
+
+    reg = registry()
+    kernels = reg.kernels_for(problem.op, device.kind)
+    if not kernels:
+        kinds = sorted({k.device_kind for k in reg.kernels.values() if k.op == problem.op})
+        raise NoKernelError(f"{problem.op}: no kernel is registered for {device.name} (kind {device.kind!r}); "
+                            f"{problem.op} kernels exist for: {', '.join(kinds) or 'none'}")
+    rows: list[Candidate] = []
+    for k in kernels:
+        if problem.dtype not in k.dtypes:
+            rows.append(Candidate(k, status=f"no {problem.dtype} (has {', '.join(sorted(k.dtypes))})"))
+            continue
+        try:
+            ok = k.supports(problem)
+        except Exception as exc:
+            ok = False
+            log.warning("kernel %s: supports() raised %r", k.name, exc)
+        if not ok:
+            rows.append(Candidate(k, status="does not support this problem"))
+            continue
+        configs = list(k.candidates(problem)) or [{}]
+        if s.tune != "autotune":
+            configs = configs[:1]
+        for cfg in configs:
+            try:
+                cost = k.estimate(problem, cfg)
+            except Exception as exc:
+                cost = math.inf
+                log.warning("kernel %s: cost() raised %r", k.name, exc)
+            rows.append(Candidate(k, dict(cfg), cost))
+    usable = [c for c in rows if c.status == "ok"]
+    if not usable:
+        dtypes = sorted({d for k in kernels for d in k.dtypes})
+        if problem.dtype not in dtypes:
+            raise DtypeError(f"{problem.op}: no kernel computes {problem.dtype} on {device.name}; dtypes there: "
+                             f"{', '.join(dtypes)}. Convert the operands or choose another device.")
+        raise NoKernelError(f"{problem.op}: no kernel on {device.name} supports {problem}:\n"
+                            + "\n".join(f"  {c.kernel.name}: {c.status}" for c in rows))
+    if s.tune == "off":
+        why = "first registered (tune=off)"
+    elif s.tune == "autotune":
+        _autotune(problem, device, usable)
+        usable.sort(key=lambda c: c.measured if c.measured is not None else math.inf)
+        why = f"fastest measured ({usable[0].measured * 1e6:.1f} us, tune=autotune)"
+    else:
+        usable.sort(key=lambda c: c.cost)
+        why = "lowest cost estimate (tune=heuristic)"
+    op_s = s.ops.get(problem.op)
+    pinned = op_s.kernel if op_s else None
+    if pinned:
+        if pinned not in reg.kernels:
+            close = difflib.get_close_matches(pinned, list(reg.kernels), n=3)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ConfigError(f"{s.origin.get(f'ops.{problem.op}', 'config')}: 'ops.{problem.op}.kernel' names "
+                              f"unknown kernel {pinned!r}.{hint}")
+        match = [c for c in usable if c.kernel.name == pinned]
+        if match:
+            usable = match + [c for c in usable if c.kernel.name != pinned]
+            why = f"pinned by {s.origin.get(f'ops.{problem.op}', 'config')}"
+        else:
+            status = next((c.status for c in rows if c.kernel.name == pinned), f"not for {device.kind}")
+            announce(s, f"{problem.op}: pinned kernel {pinned!r} cannot run {problem} on {device.name} "
+                     f"({status}); using {usable[0].kernel.name!r}")
+    return usable, rows, why
+
+
+def _autotune(problem: Problem, device: Device, usable: list[Candidate]) -> None:
+    rng = np.random.default_rng(0)
+    prov = device.provider
+    arrays = [prov.from_host(rng.standard_normal(shape).astype(problem.dtype if problem.dtype != "bfloat16" else "float32"))
+              for shape in problem.shapes]
+    best = math.inf
+    for c in usable:
+        try:
+            first = prov.time(lambda: c.kernel.run(problem, c.config, *arrays), repeats=1, warmup=1)[0]
+            reps = 1 if first > 3 * best else max(3, min(50, int(0.05 / max(first, 1e-7))))
+            c.measured = float(np.median(prov.time(lambda: c.kernel.run(problem, c.config, *arrays), repeats=reps, warmup=0)))
+            best = min(best, c.measured)
+        except Exception as exc:
+            c.measured, c.status = math.inf, f"failed while tuning: {type(exc).__name__}: {exc}"
+    usable[:] = [c for c in usable if c.measured is not None and math.isfinite(c.measured)] or usable
+
+
+_announced: set[str] = set()
+
+
+def announce(s: Settings, msg: str, exc: BaseException | None = None) -> None:
+    """Say a fallback once (warning and log), or raise :class:`KernelError` in strict mode."""
+    if s.strict:
+        raise KernelError(msg + " (strict mode: fallbacks raise)") from exc
+    if msg not in _announced:
+        _announced.add(msg)
+        log.warning(msg)
+        warnings.warn(msg, FallbackWarning, stacklevel=4)
+
+
+class Plan:
+    """Everything needed to answer one distinct call: the ranked kernels and the frontend's
+    reshapes and casts around them. Calling it runs the best kernel that works."""
+
+    __slots__ = ("op", "problem", "device", "order", "rows", "why", "settings", "casts", "views",
+                 "result_shape", "trivial", "bias_index")
+
+    def __init__(self, op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
+                 casts: tuple[bool, ...]) -> None:
+        self.op, self.problem, self.device, self.settings = op, problem, device, s
+        self.casts = casts if any(casts) else None
+        self.views = norm.shapes
+        self.result_shape = norm.result_shape
+        self.trivial = norm.trivial
+        self.order: list[Candidate] = []
+        self.rows: list[Candidate] = []
+        self.why = "nothing to compute" if norm.trivial else ""
+        if not norm.trivial:
+            self.order, self.rows, self.why = rank(problem, device, s)
+
+    @property
+    def kernel(self) -> Kernel | None:
+        """The kernel that runs now (None for a trivial problem)."""
+        return self.order[0].kernel if self.order else None
+
+    def __call__(self, datas: list[Any]) -> Tensor:
+        dev = self.device
+        if self.casts is not None:
+            dt = np.dtype(self.problem.out_dtype)
+            datas = [dev.provider.astype(d, dt) if c else d for d, c in zip(datas, self.casts)]
+        if self.trivial:
+            return Tensor._wrap(self._trivial(datas), dev)
+        datas = [d if d.shape == s else d.reshape(s) for d, s in zip(datas, self.views)]
+        c = self.order[0]
+        try:
+            out = c.kernel.run(self.problem, c.config, *datas)
+        except OutOfMemoryError:
+            raise
+        except Exception as exc:
+            out = self._fallback(datas, exc)
+        if self.result_shape != self.problem.out_shape:
+            out = out.reshape(self.result_shape)
+        return Tensor._wrap(out, dev)
+
+    def _fallback(self, datas: list[Any], exc: Exception) -> Any:
+        errors = []
+        while True:
+            failed = self.order.pop(0)
+            failed.status = f"failed: {type(exc).__name__}: {exc}"
+            errors.append(f"{failed.kernel.name}: {type(exc).__name__}: {exc}")
+            if not self.order:
+                raise KernelError(f"{self.problem.op}: every kernel failed on {self.problem} ({self.device.name}):\n  "
+                                  + "\n  ".join(errors)) from exc
+            nxt = self.order[0]
+            announce(self.settings, f"{self.problem.op}: kernel {failed.kernel.name!r} failed on {self.problem} "
+                     f"({self.device.name}): {type(exc).__name__}: {exc}; using {nxt.kernel.name!r}", exc)
+            try:
+                return nxt.kernel.run(self.problem, nxt.config, *datas)
+            except OutOfMemoryError:
+                raise
+            except Exception as again:
+                exc = again
+
+    def _trivial(self, datas: list[Any]) -> Any:
+        prov, dt = self.device.provider, np.dtype(self.problem.out_dtype)
+        if self.trivial == "empty" or self.problem.attrs.get("bias") is not True:
+            out = prov.empty if self.trivial == "empty" else prov.zeros
+            return out(self.result_shape, dt)
+        bias = prov.to_host(datas[2]).reshape(1, -1, 1, 1)  # conv2d over zero input channels: the bias
+        out = np.broadcast_to(bias, self.problem.out_shape).reshape(self.result_shape)
+        return prov.from_host(np.ascontiguousarray(out))
+
+
+def make_plan(op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
+              casts: tuple[bool, ...]) -> Plan:
+    """Build the plan for a call the cache has not seen."""
+    return Plan(op, problem, device, s, norm, casts)
+
+
+@dataclass
+class Explanation:
+    """What ``opr.explain`` returns: the problem, every candidate, the choice and why."""
+
+    problem: Problem
+    device: str
+    candidates: list[Candidate]
+    chosen: str | None
+    why: str
+    cached: bool
+
+    def __str__(self) -> str:
+        lines = [f"{self.problem} on {self.device}",
+                 f"chosen: {self.chosen or '(none: nothing to compute)'} -- {self.why}"
+                 + (" [cached decision]" if self.cached else "")]
+        if self.candidates:
+            w = max(len(c.label) for c in self.candidates)
+            lines.append(f"  {'candidate':<{w}}  {'estimate':>11}  {'measured':>11}  status")
+            for c in self.candidates:
+                est = f"{c.cost * 1e6:9.1f}us" if math.isfinite(c.cost) else "          -"
+                meas = f"{c.measured * 1e6:9.1f}us" if c.measured is not None and math.isfinite(c.measured) else "          -"
+                mark = "*" if c.label == self.chosen else " "
+                lines.append(f"{mark} {c.label:<{w}}  {est:>11}  {meas:>11}  {c.status}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def explain(op: str, *args: Any, device: Any = None, **attrs: Any) -> Explanation:
+    """Which kernel ``opr.<op>(*args, **attrs)`` would run, the candidates, and why.
+
+    Example:
+        >>> print(opr.explain("matmul", a, b))
+    """
+    from .config import settings
+    from .ops import OPS
+    from .ops.base import place
+
+    if op not in OPS:
+        close = difflib.get_close_matches(op, list(OPS), n=2)
+        raise NoKernelError(f"explain: unknown operator {op!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                            + f" Operators: {', '.join(OPS)}")
+    operator = OPS[op]
+    s = settings()
+    datas, dev = place(op, operator.operands, args, device, s)
+    try:
+        cached = operator.key(s, dev, datas, attrs) in plans
+    except TypeError:
+        cached = False
+    plan = operator.plan(datas, dev, attrs, s)
+    rows = plan.rows if plan.rows else plan.order
+    chosen = plan.order[0].label if plan.order else None
+    return Explanation(plan.problem, dev.name, rows, chosen, plan.why, cached)
