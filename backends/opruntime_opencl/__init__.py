@@ -1,0 +1,9 @@
+"""The opencl backend (being built: it reports itself unavailable until its devices exist)."""
+
+from opruntime import hookimpl
+from opruntime.errors import BackendUnavailable
+
+
+@hookimpl
+def opruntime_devices() -> list:
+    raise BackendUnavailable("the opencl backend is not built yet", kinds=["opencl"])
