@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up the (offline) GPU machine for opruntime and run a command there.
+#
+#   scripts/gpu.sh                      # GPU tests, then the GPU benchmark suite
+#   scripts/gpu.sh python3 my_check.py  # anything else, after the set-up
+#
+# Needs the pyopencl wheels in .whl/ (see ../shared/GPU.md) carried with the call; without them
+# the OpenCL backend reports "pyopencl not installed" and the rest still runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -d /etc/OpenCL/vendors ] && [ ! -f /etc/OpenCL/vendors/nvidia.icd ]; then
+  echo libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd   # register NVIDIA's OpenCL platform
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/tmp/opruntime-install.log 2>&1 \
+  || { cat /tmp/opruntime-install.log; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+if [ $# -gt 0 ]; then
+  exec "$@"
+fi
+OUTDIR=${OUT:-out}
+mkdir -p "$OUTDIR"
+python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUTDIR/gpu-tests.log" | tail -30
+python3 -m opruntime.cli bench --suite gpu --json "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.txt"
