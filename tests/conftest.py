@@ -1,0 +1,87 @@
+"""Shared fixtures: ``device`` runs a test on every device present; skips say why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opruntime as opr
+from opruntime.plugins import registry
+
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
+
+
+def _devices() -> list[str]:
+    return [d.name for d in registry().devices]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "device" in metafunc.fixturenames:
+        names = _devices()
+        metafunc.parametrize("device", names, ids=names, indirect=True)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    reg = registry()
+    lines = [f"opruntime devices: {', '.join(_devices()) or 'none'}"]
+    for rec in reg.records.values():
+        if rec.status != "ok":
+            lines.append(f"opruntime plugin {rec.name}: {rec.status}: {rec.reason}")
+    return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # tests on a GPU device are GPU tests, whatever file they are in
+        callspec = getattr(item, "callspec", None)
+        dev = callspec.params.get("device") if callspec else None
+        if isinstance(dev, str) and (dev.startswith("cuda") or ":gpu" in dev or ":tpu" in dev
+                                     or _is_opencl_gpu(dev)):
+            item.add_marker(pytest.mark.gpu)
+
+
+def _is_opencl_gpu(name: str) -> bool:
+    if not name.startswith("opencl"):
+        return False
+    return "gpu" in registry().device(name).provider.aliases
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> opr.Device:
+    return registry().device(request.param)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng()  # fresh inputs every run: the kernel must be right on any valid input
+
+
+def dtypes_on(device: opr.Device, op: str) -> set[str]:
+    """The dtypes some kernel of ``op`` computes on ``device``."""
+    return {d for k in registry().kernels_for(op, device.kind) for d in k.dtypes}
+
+
+def skip_unless_dtype(device: opr.Device, op: str, dtype: str) -> None:
+    if dtype not in dtypes_on(device, op):
+        pytest.skip(f"no {op} kernel computes {dtype} on {device.name}")
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref|| / ||ref||, NaN-aware: matching NaN/inf positions compare equal, others fail."""
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    assert out.shape == ref.shape, f"shape {out.shape} != reference {ref.shape}"
+    special = ~np.isfinite(ref)
+    if special.any():
+        assert np.array_equal(np.isnan(out[special]), np.isnan(ref[special])), "NaN positions differ"
+        assert np.array_equal(out[special & ~np.isnan(ref)], ref[special & ~np.isnan(ref)]), "inf positions differ"
+    o, r = out[~special], ref[~special]
+    if not np.isfinite(o).all():
+        return float("inf")
+    denom = np.linalg.norm(r)
+    return float(np.linalg.norm(o - r) / denom) if denom else float(np.linalg.norm(o - r))
+
+
+def random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Random normal values, never zeros, in ``dtype`` (bfloat16 through ml_dtypes)."""
+    x = rng.standard_normal(shape)
+    return x.astype(np.dtype(dtype))
