@@ -1,0 +1,202 @@
+"""Building the backend's CUDA C: load a ``.cu`` file of this package, inject ``#define``s,
+compile it with NVRTC for the device's own architecture and cache the result.
+
+    mod = compile.load("softmax.cu", {"BLOCK": 256, "LOG": 1}, device=0)
+    fn = compile.get_function("matmul_sgemm.cu", "sgemm", defines, device=0)
+    fn((gx, gy, gz), (threads,), (a, b, c, m, n, k), shared_mem=smem)
+
+Sources are read with ``importlib.resources``; a line ``#include "name.cuh"`` naming a file of
+this package is inlined (so NVRTC needs no include path). NVRTC runs with ``--std=c++17`` and
+``-arch=sm_XX`` (the device's compute capability, so the result is a cubin with the chip's own
+instructions, not PTX for the driver to finish). Modules are cached in memory per (source hash,
+defines, options, device) and their cubins on disk under ``$OPRUNTIME_CACHE_DIR/cuda`` (default
+``~/.cache/opruntime/cuda``), so a new process skips NVRTC. A failed build raises
+:class:`opruntime.errors.KernelCompileError` with the NVRTC log; the selector then runs the next
+candidate.
+
+CuPy is imported inside the functions, never at module import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from opruntime.errors import KernelCompileError
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_.]+)"\s*$', re.M)
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_lock = threading.Lock()
+_modules: dict[tuple, Any] = {}  # (filename, defines, device, arch, options) -> cupy.RawModule
+
+
+@cache
+def source(filename: str) -> str:
+    """The text of ``filename`` from this package, with local ``#include "x.cuh"`` inlined once."""
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return f"// {name} already included\n"
+        seen.add(name)
+        text = resources.files(__package__).joinpath(name).read_text().replace("#pragma once", "")
+        return _INCLUDE.sub(lambda m: expand(m.group(1)) if _is_local(m.group(1)) else m.group(0), text)
+
+    return expand(filename)
+
+
+def _is_local(name: str) -> bool:
+    return resources.files(__package__).joinpath(name).is_file()
+
+
+def source_hash(filename: str) -> str:
+    """A short hash of the expanded source: identifies the kernel version for tuning caches."""
+    return hashlib.sha256(source(filename).encode()).hexdigest()[:16]
+
+
+def render(filename: str, defines: Mapping[str, Any]) -> str:
+    """The source with one ``#define NAME value`` line per entry of ``defines`` in front.
+
+    Values: bool -> 1/0, int/float/str as written. Names must be C identifiers.
+    """
+    lines = []
+    for name, value in defines.items():
+        if not _NAME.match(str(name)):
+            raise ValueError(f"bad #define name {name!r} for {filename}")
+        if isinstance(value, bool):
+            value = int(value)
+        lines.append(f"#define {name} {value}")
+    return "\n".join(lines) + f"\n#line 1 \"{filename}\"\n" + source(filename)
+
+
+def device_id(device: Any) -> int:
+    """A device id from an int, ``"cuda:N"``, a cupy Device or None (the current device)."""
+    if device is None:
+        import cupy
+
+        return cupy.cuda.runtime.getDevice()
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        return int(device.split(":", 1)[1]) if ":" in device else 0
+    return int(device.id)
+
+
+@cache
+def arch_of(dev: int) -> str:
+    """The NVRTC architecture for device ``dev``: its compute capability (``"90"``), capped at
+    the newest that this NVRTC supports."""
+    import cupy
+    from cupy_backends.cuda.libs import nvrtc
+
+    cc = int(cupy.cuda.Device(dev).compute_capability)
+    try:
+        supported = [int(a) for a in nvrtc.getSupportedArchs()]
+        if supported and cc not in supported:
+            cc = max([a for a in supported if a <= cc] or [min(supported)])
+    except Exception:  # older NVRTC without the query: trust the device
+        pass
+    return str(cc)
+
+
+def options(arch: str, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The NVRTC options used for every build."""
+    return ("--std=c++17", f"-arch=sm_{arch}", *extra)
+
+
+def load(filename: str, defines: Mapping[str, Any] | None = None, device: Any = None, *,
+         kernel: str = "", arch: str | None = None, extra_options: Sequence[str] = ()) -> Any:
+    """Compile ``filename`` with ``defines`` for ``device`` (cached) and return a ``cupy.RawModule``.
+
+    Args:
+        filename: a ``.cu`` file of this package.
+        defines: tunables injected as ``#define`` lines (order-insensitive for caching).
+        device: device id, ``"cuda:N"`` or None for the current device.
+        kernel: the opruntime kernel name, for the error message.
+        arch: override the target (``"90a"`` for wgmma); default: the device's.
+        extra_options: more NVRTC options (``"--use_fast_math"``).
+
+    Raises:
+        KernelCompileError: NVRTC rejected the source; ``.log`` holds its log.
+    """
+    dev = device_id(device)
+    defs = dict(defines or {})
+    key = (filename, tuple(sorted((k, str(v)) for k, v in defs.items())), dev, arch, tuple(extra_options))
+    mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            mod = _modules[key] = _build(filename, defs, dev, kernel or filename, arch, tuple(extra_options))
+    return mod
+
+
+def get_function(filename: str, name: str, defines: Mapping[str, Any] | None = None, device: Any = None,
+                 **kwargs: Any) -> Any:
+    """``load(...).get_function(name)``: a ``cupy.RawKernel`` for ``extern "C" __global__ name``."""
+    import cupy
+
+    mod = load(filename, defines, device, **kwargs)
+    with cupy.cuda.Device(device_id(device)):
+        return mod.get_function(name)
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("OPRUNTIME_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "opruntime")
+    return Path(base) / "cuda"
+
+
+def _build(filename: str, defines: dict, dev: int, kernel: str, arch: str | None, extra: tuple) -> Any:
+    import cupy
+    from cupy_backends.cuda.libs import nvrtc
+
+    arch = arch or arch_of(dev)
+    text = render(filename, defines)
+    opts = options(arch, extra)
+    digest = hashlib.sha256("\0".join([text, *opts, repr(nvrtc.getVersion())]).encode()).hexdigest()[:32]
+    path = _cache_dir() / f"{Path(filename).stem}-{digest}.cubin"
+    if not path.is_file():
+        cubin = _nvrtc(text, filename, opts, kernel, dev)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(cubin)
+            os.replace(tmp, path)  # atomic: concurrent builders write the same bytes
+        except OSError:  # a read-only cache: keep the module in memory only
+            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                f.write(cubin)
+            path = Path(f.name)
+    with cupy.cuda.Device(dev):
+        return cupy.RawModule(path=str(path))
+
+
+def _nvrtc(text: str, filename: str, opts: tuple[str, ...], kernel: str, dev: int) -> bytes:
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(text, filename, (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(opts))
+        except nvrtc.NVRTCError as exc:
+            log = nvrtc.getProgramLog(prog)
+            raise KernelCompileError(kernel, f"cuda:{dev} (sm_{opts[1].rsplit('_', 1)[-1]})",
+                                     f"{log.strip()}\n[{exc}; options: {' '.join(opts)}]") from None
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def clear() -> None:
+    """Forget the in-memory modules (tests; the disk cache stays)."""
+    with _lock:
+        _modules.clear()
