@@ -20,7 +20,7 @@ def _shifted(problem: Problem, x: np.ndarray) -> tuple[np.ndarray, int]:
     if x.dtype != dt:
         x = x.astype(dt)
     out = np.empty(x.shape, dt)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         np.subtract(x, x.max(axis=axis, keepdims=True), out=out)
     return out, axis
 

@@ -1,0 +1,248 @@
+"""``opruntime bench``: time operators through opruntime, each candidate kernel, and the peers
+(NumPy, torch, JAX, CuPy/cuBLAS, Triton) on the same inputs in the same run.
+
+Every timing is the median over ``repeats`` batches of back-to-back calls followed by one device
+synchronisation (so GPU launch gaps overlap as they do in real programs), after a warm-up that
+compiles and caches. Inputs are random normal values, never zeros. Ratios are peer time / our
+time: above 1 means opruntime is faster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .devices import Device
+from .kernels import Problem
+from .ops import OPS
+from .tensor import Tensor
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark problem: operator, operand shapes, dtype and attributes."""
+
+    op: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str = "float32"
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        s = " x ".join("x".join(map(str, sh)) for sh in self.shapes)
+        a = ",".join(f"{k}={v}" for k, v in self.attrs)
+        return f"{s} {a}".strip()
+
+
+def _conv(n: int, c: int, hw: int, k: int, r: int, stride: int, pad: int, dtype: str = "float32") -> Case:
+    return Case("conv2d", ((n, c, hw, hw), (k, c, r, r)), dtype, (("stride", stride), ("padding", pad)))
+
+
+RESNET = [(32, 64, 56, 64, 3, 1, 1), (32, 256, 56, 64, 1, 1, 0), (32, 128, 28, 128, 3, 1, 1),
+          (32, 256, 14, 256, 3, 1, 1), (32, 3, 224, 64, 7, 2, 3)]
+SOFTMAX_GPU = [(4096, 4096), (8192, 8192), (32768, 1024), (1024, 32768), (65536, 128)]
+
+SUITES: dict[str, list[Case]] = {
+    "cpu": [
+        Case("matmul", ((1024, 1024), (1024, 1024))),
+        Case("matmul", ((256, 256), (256, 256))),
+        Case("matmul", ((32, 128, 128), (32, 128, 128))),
+        _conv(8, 64, 56, 64, 3, 1, 1),
+        Case("conv2d", ((8, 64, 56, 56), (64, 1, 3, 3)), "float32", (("padding", 1), ("groups", 64))),
+        _conv(8, 64, 56, 128, 1, 1, 0),
+        Case("softmax", ((1024, 1024),)),
+        Case("softmax", ((4096, 1024),), "float32", (("axis", 0),)),
+        Case("log_softmax", ((4096, 1024),)),
+    ],
+    "overhead": [
+        Case("matmul", ((4, 4), (4, 4))),
+        Case("conv2d", ((1, 1, 4, 4), (1, 1, 1, 1))),
+        Case("softmax", ((16,),)),
+        Case("log_softmax", ((16,),)),
+    ],
+    "gpu": [
+        *[Case("matmul", ((n, n), (n, n))) for n in (1024, 2048, 4096)],
+        *[Case("matmul", ((4096, 4096), (4096, 4096)), dt) for dt in ("float16", "bfloat16")],
+        *[Case("softmax", (s,)) for s in SOFTMAX_GPU],
+        *[_conv(*layer) for layer in RESNET],
+        *[_conv(*layer, dtype="float16") for layer in RESNET],
+        Case("softmax", ((16,),)),
+    ],
+}
+SUITES["demo"] = SUITES["cpu"] + SUITES["overhead"]
+
+
+@dataclass
+class Result:
+    """One case on one device: our time, each candidate's, each peer's."""
+
+    op: str
+    problem: str
+    dtype: str
+    device: str
+    kernel: str = ""
+    time_s: float = math.nan
+    direct_s: float = math.nan  # the chosen kernel called directly, without the frontend
+    rate: float = math.nan
+    unit: str = ""
+    peers: dict[str, float] = field(default_factory=dict)
+    candidates: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def overhead_s(self) -> float:
+        return self.time_s - self.direct_s
+
+    def ratios(self) -> dict[str, float]:
+        return {k: v / self.time_s for k, v in self.peers.items() if math.isfinite(v)}
+
+
+def measure(fn: Callable[[], Any], sync: Callable[[], Any], repeats: int = 15, batch_s: float = 2e-3) -> float:
+    """Median seconds per call over ``repeats`` batches of back-to-back calls (warm-up first)."""
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    one = time.perf_counter() - t0
+    n = max(1, min(2000, int(batch_s / max(one, 1e-8))))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / n)
+    return statistics.median(times)
+
+
+def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = False,
+             peers: Sequence[str] | None = None) -> Result:
+    """Benchmark one case on one device."""
+    from .peers import PEERS
+
+    from .selector import plans  # noqa: F401  (the plan cache warms on the first call)
+
+    op = OPS[case.op]
+    rng = np.random.default_rng(0)
+    host_dtype = np.float32 if case.dtype == "bfloat16" else np.dtype(case.dtype)
+    host = [rng.standard_normal(s).astype(host_dtype) for s in case.shapes]
+    res = Result(case.op, case.label, case.dtype, device.name)
+    prov = device.provider
+    attrs = dict(case.attrs)
+    try:
+        tensors = [Tensor._wrap(prov.from_host(h), device) for h in host]
+        if case.dtype == "bfloat16":
+            tensors = [Tensor._wrap(prov.astype(t.data, _bfloat16()), device) for t in tensors]
+        res.time_s = measure(lambda: op(*tensors, **attrs), prov.synchronize, repeats)
+        plan = op.plan([t.data for t in tensors], device, attrs, _settings())
+        problem: Problem = plan.problem
+        datas = [t.data for t in tensors]
+        res.kernel = plan.order[0].label if plan.order else "(trivial)"
+        if plan.order:
+            c = plan.order[0]
+            views = [d.reshape(s) for d, s in zip(datas, plan.views)]
+            res.direct_s = measure(lambda: c.kernel.run(problem, c.config, *views), prov.synchronize, repeats)
+        flops = op.flops(problem)
+        if case.op in ("softmax", "log_softmax"):
+            res.rate, res.unit = op.bytes(problem) / res.time_s / 1e9, "GB/s"
+        else:
+            res.rate, res.unit = flops / res.time_s / 1e12, "TFLOP/s"
+        if kernels:
+            for c in plan.order:
+                views = [d.reshape(s) for d, s in zip(datas, plan.views)]
+                try:
+                    res.candidates[c.label] = measure(lambda: c.kernel.run(problem, c.config, *views),
+                                                      prov.synchronize, repeats)
+                except Exception as exc:  # a failing candidate is reported, not fatal
+                    res.candidates[c.label] = math.nan
+                    print(f"  {c.label}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+        return res
+    for name, make in PEERS.items():
+        if peers is not None and name not in peers:
+            continue
+        try:
+            made = make(case, host, device)
+            if made is not None:
+                res.peers[name] = measure(made[0], made[1], repeats)
+        except Exception as exc:  # a peer that cannot run this case is skipped, with the reason
+            print(f"  peer {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return res
+
+
+def _bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _settings() -> Any:
+    from .config import settings
+
+    return settings()
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """A plain-text table: one row per case, then the candidate kernels indented."""
+    peer_names = sorted({p for r in results for p in r.peers})
+    head = ["op", "problem", "dtype", "device", "kernel", "time", "rate", "overhead"] + [f"vs {p}" for p in peer_names]
+    rows = []
+    for r in results:
+        if r.error:
+            rows.append([r.op, r.problem, r.dtype, r.device, "ERROR", r.error[:60], "", ""] + [""] * len(peer_names))
+            continue
+        ratios = r.ratios()
+        rows.append([r.op, r.problem, r.dtype, r.device, r.kernel, _t(r.time_s), f"{r.rate:,.1f} {r.unit}",
+                     _t(r.overhead_s) if math.isfinite(r.overhead_s) else "-"]
+                    + [f"{ratios[p]:.2f}x" if p in ratios else "-" for p in peer_names])
+        for name, t in sorted(r.candidates.items(), key=lambda kv: kv[1]):
+            rows.append(["", "", "", "", f"  {name}", _t(t), f"{r.time_s / t:.2f}x of chosen" if t else "", ""]
+                        + [""] * len(peer_names))
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)]) + \
+        "\n(vs X = X's time / opruntime's time: above 1 means opruntime is faster; overhead = opruntime call - direct kernel)"
+
+
+def _t(s: float) -> str:
+    if not math.isfinite(s):
+        return "-"
+    return f"{s * 1e6:.2f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
+
+
+def to_json(results: Sequence[Result], path: str) -> None:
+    import platform
+
+    data = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
+            "results": [asdict(r) | {"ratios": r.ratios()} for r in results]}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+
+
+def parse_case(op: str, spec: str, dtype: str, attrs: Sequence[str]) -> Case:
+    """``parse_case("matmul", "1024x1024,1024x1024", "float32", [])``; attrs as ``key=value``."""
+    if op not in OPS:
+        raise SystemExit(f"unknown operator {op!r}; operators: {', '.join(OPS)}")
+    try:
+        shapes = tuple(tuple(int(n) for n in part.split("x")) for part in spec.split(","))
+    except ValueError:
+        raise SystemExit(f"bad --shape {spec!r}: write operand shapes like 1024x1024,1024x1024") from None
+    parsed = []
+    for a in attrs:
+        k, _, v = a.partition("=")
+        try:
+            val: Any = json.loads(v)
+        except json.JSONDecodeError:
+            val = v
+        parsed.append((k, tuple(val) if isinstance(val, list) else val))
+    return Case(op, shapes, dtype, tuple(parsed))
