@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .ops.base import Normalized, Operator
 
 log = logging.getLogger("opruntime")
+_new_tensor = object.__new__
 
 #: call key -> Plan; see ``Operator.__call__``.
 plans: dict[tuple, Plan] = {}
@@ -175,10 +176,10 @@ class Plan:
     reshapes and casts around them. Calling it runs the best kernel that works."""
 
     __slots__ = ("op", "problem", "device", "order", "rows", "why", "settings", "casts", "views",
-                 "result_shape", "trivial", "bias_index")
+                 "result_shape", "trivial", "fast")
 
     def __init__(self, op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
-                 casts: tuple[bool, ...]) -> None:
+                 casts: tuple[bool, ...], in_shapes: tuple[tuple[int, ...], ...]) -> None:
         self.op, self.problem, self.device, self.settings = op, problem, device, s
         self.casts = casts if any(casts) else None
         self.views = norm.shapes
@@ -189,13 +190,33 @@ class Plan:
         self.why = "nothing to compute" if norm.trivial else ""
         if not norm.trivial:
             self.order, self.rows, self.why = rank(problem, device, s)
+        # the call's shapes are part of the plan's key, so whether views are needed is known now
+        plain = (self.casts is None and not self.trivial and self.result_shape == problem.out_shape
+                 and tuple(in_shapes) == self.views)
+        self.fast = self._fast() if plain else None
 
     @property
     def kernel(self) -> Kernel | None:
         """The kernel that runs now (None for a trivial problem)."""
         return self.order[0].kernel if self.order else None
 
+    def _fast(self) -> tuple[Any, ...] | None:
+        c = self.order[0] if self.order else None
+        return (c.kernel.run, self.problem, c.config, self.device) if c else None
+
     def __call__(self, datas: list[Any]) -> Tensor:
+        fast = self.fast
+        if fast is not None:  # the hot path: no casts, no reshapes
+            run, problem, config, dev = fast
+            try:
+                out = run(problem, config, *datas)
+            except OutOfMemoryError:
+                raise
+            except Exception as exc:
+                out = self._fallback(datas, exc)
+            t = _new_tensor(Tensor)
+            t.data, t.device = out, dev
+            return t
         dev = self.device
         if self.casts is not None:
             dt = np.dtype(self.problem.out_dtype)
@@ -218,6 +239,7 @@ class Plan:
         errors = []
         while True:
             failed = self.order.pop(0)
+            self.fast = self._fast() if self.fast is not None else None
             failed.status = f"failed: {type(exc).__name__}: {exc}"
             errors.append(f"{failed.kernel.name}: {type(exc).__name__}: {exc}")
             if not self.order:
@@ -244,9 +266,9 @@ class Plan:
 
 
 def make_plan(op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
-              casts: tuple[bool, ...]) -> Plan:
+              casts: tuple[bool, ...], in_shapes: tuple[tuple[int, ...], ...]) -> Plan:
     """Build the plan for a call the cache has not seen."""
-    return Plan(op, problem, device, s, norm, casts)
+    return Plan(op, problem, device, s, norm, casts, in_shapes)
 
 
 @dataclass

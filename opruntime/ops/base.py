@@ -87,23 +87,42 @@ class Operator(abc.ABC):
     # -- the call path ----------------------------------------------------------------------
     def __call__(self, *inputs: Any, device: Any = None, **attrs: Any) -> Tensor:
         s = settings()
+        if device is None:  # the hot path: every operand a Tensor, the plan cached
+            key: list[Any] = [self.name, s]
+            datas = []
+            for x in inputs:
+                if x.__class__ is not Tensor:
+                    break
+                d = x.data
+                datas.append(d)
+                key += (x.device.name, d.shape, d.dtype, getattr(d, "strides", None))
+            else:
+                if attrs:
+                    key += attrs.items()
+                try:
+                    plan = selector.plans.get(tuple(key))
+                except TypeError:
+                    plan = None
+                if plan is not None:
+                    return plan(datas)
         datas, dev = place(self.name, self.operands, inputs, device, s)
+        key = self.key(s, dev, datas, attrs)
         try:
-            key = self.key(s, dev, datas, attrs)
             plan = selector.plans.get(key)
-        except TypeError:  # an unhashable attribute (a list): normalise first
-            key, plan = None, None
+        except TypeError:  # an unhashable attribute (a list): validate and normalise every time
+            return self.plan(datas, dev, attrs, s)(datas)
         if plan is None:
-            plan = self.plan(datas, dev, attrs, s)
-            if key is not None:
-                selector.plans[key] = plan
+            plan = selector.plans[key] = self.plan(datas, dev, attrs, s)
         return plan(datas)
 
     def key(self, s: Any, dev: Device, datas: list[Any], attrs: dict[str, Any]) -> tuple:
-        """The plan-cache key of a call; raises TypeError for unhashable attributes."""
-        key = (self.name, s, dev, *[(d.shape, d.dtype, getattr(d, "strides", None)) for d in datas], *attrs.items())
-        hash(key)
-        return key
+        """The plan-cache key of a call (hashing it raises TypeError for unhashable attributes)."""
+        key = [self.name, s]
+        for d in datas:  # the same layout as the hot path in __call__
+            key += (dev.name, d.shape, d.dtype, getattr(d, "strides", None))
+        if attrs:
+            key += attrs.items()
+        return tuple(key)
 
     def plan(self, datas: list[Any], dev: Device, attrs: dict[str, Any], s: Any) -> selector.Plan:
         """Validate the call and ask the selector for a plan (the slow path of a call)."""
@@ -122,7 +141,7 @@ class Operator(abc.ABC):
             norm.out_shape, dtype,
         )
         casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
-        return selector.make_plan(self, problem, dev, s, norm, casts)
+        return selector.make_plan(self, problem, dev, s, norm, casts, tuple(shapes))
 
 
 def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: Any) -> tuple[list[Any], Device]:
@@ -132,12 +151,18 @@ def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: 
     or a ``device=`` that differs from the Tensors', raise :class:`DeviceMismatchError`.
     """
     dev = None
+    on_device = True  # every operand a Tensor: the common fast path
     for x in inputs:
-        if isinstance(x, Tensor):
+        if x.__class__ is Tensor:
+            d = x.device
             if dev is None:
-                dev = x.device
-            elif x.device.name != dev.name:
+                dev = d
+            elif d is not dev and d.name != dev.name:
                 _mismatch(op, names, inputs)
+        else:
+            on_device = False
+    if on_device and wanted is None and dev is not None:
+        return [x.data for x in inputs], dev
     if dev is None:
         for x in inputs:
             if x is not None and not isinstance(x, (np.ndarray, list, tuple, int, float)):
@@ -158,7 +183,7 @@ def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: 
         dev = _default_device(s, op)
     out = []
     for x in inputs:
-        if isinstance(x, Tensor):
+        if x.__class__ is Tensor:
             out.append(x.data)
         elif isinstance(x, np.ndarray):
             out.append(dev.provider.from_host(x))
