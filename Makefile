@@ -1,0 +1,44 @@
+# opruntime: `make demo` runs the main job, `make test` the tests; each bootstraps .venv on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Extras installed into .venv: the test tools plus the backends that run without a GPU.
+EXTRAS ?= test,opencl,jax
+
+.PHONY: demo test test-gpu compile-cu opencl-icd lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+# OpenCL on the CPU: Debian's PoCL ICD (pip's PoCL wheel cannot build kernels on these CPUs).
+opencl-icd:
+	@if ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing pocl-opencl-icd (OpenCL on the CPU)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd ocl-icd-libopencl1) >/dev/null \
+	    || echo "could not install pocl-opencl-icd: OpenCL tests will skip"; \
+	else echo "no OpenCL ICD and apt-get unusable: OpenCL tests will skip"; fi
+
+# Every .cu source must compile for sm_90 and sm_80 (nvcc when present, else NVRTC through CuPy).
+compile-cu: $(VENV)/.installed
+	$(BIN)/python scripts/compile_cu.py
+
+test: $(VENV)/.installed opencl-icd compile-cu
+	$(BIN)/python -m pytest -q -m "not gpu" -p no:cacheprovider
+
+# On the GPU machine: scripts/gpu.sh sets it up offline and runs the GPU tests and benchmarks.
+test-gpu:
+	scripts/gpu.sh
+
+demo: $(VENV)/.installed opencl-icd
+	$(BIN)/opruntime info
+	$(BIN)/opruntime bench --suite demo
+
+lint: $(VENV)/.installed
+	$(BIN)/python -m ruff check opruntime backends tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info
