@@ -267,8 +267,17 @@ def reload() -> None:
     """Re-read the file and the environment (after changing them in a running process)."""
     global _base
     with _lock:
+        old = _base
         _base = None
         _effective.clear()
+    try:
+        new = settings()
+    except ConfigError:
+        return  # raised again, with its message, by the next settings()
+    if old is not None and old.plugins != new.plugins:  # a different plugin set: rebuild the registry
+        from .plugins import reset
+
+        reset()
 
 
 def configure(**values: Any) -> None:

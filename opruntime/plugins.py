@@ -47,7 +47,8 @@ class Registry:
     """Every present device and every registered kernel, by name and by (op, device kind)."""
 
     def __init__(self, plugins: Sequence[tuple[str, Any]] = (), *, entry_points: bool = True,
-                 blocked: Sequence[str] = ()) -> None:
+                 blocked: Sequence[str] = (), allowed: Sequence[str] = ()) -> None:
+        self.plugin_setting = (tuple(blocked), tuple(allowed))
         self.pm = pluggy.PluginManager("opruntime")
         self.pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
@@ -58,8 +59,8 @@ class Registry:
         self._device_cache: dict[str, Device] = {}
         found = list(_entry_point_plugins()) if entry_points else []
         for name, target in [*found, *plugins]:
-            if name in blocked:
-                self.records[name] = PluginRecord(name, status="blocked", reason="blocked by configuration")
+            if name in blocked or (allowed and name not in allowed):
+                self.records[name] = PluginRecord(name, status="blocked", reason="blocked by configuration (plugins)")
                 continue
             self._load(name, target)
         self.devices.sort(key=lambda d: -d.provider.priority)
@@ -168,11 +169,12 @@ def registry() -> Registry:
     global _registry
     reg = _registry
     if reg is None:
+        from .config import settings
+
         with _lock:
             if _registry is None:
-                from .config import settings
-
-                _registry = Registry(_extra, blocked=settings().blocked_plugins)
+                s = settings()
+                _registry = Registry(_extra, blocked=s.blocked_plugins, allowed=s.allowed_plugins)
             reg = _registry
     return reg
 

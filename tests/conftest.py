@@ -85,3 +85,33 @@ def random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.n
     """Random normal values, never zeros, in ``dtype`` (bfloat16 through ml_dtypes)."""
     x = rng.standard_normal(shape)
     return x.astype(np.dtype(dtype))
+
+
+@pytest.fixture
+def fake():
+    """The fake backend registered for one test (and the registry rebuilt around it)."""
+    from fake_backend import FakeBackend
+
+    backend = FakeBackend()
+    opr.register(backend, name="fake")
+    yield backend
+    opr.unregister("fake")
+
+
+@pytest.fixture(autouse=True)
+def _clean_config(monkeypatch, tmp_path):
+    """Each test starts from defaults: no config file, no OPRUNTIME_* variables, no configure()."""
+    from opruntime import config, selector
+
+    for var in list(config.ENV) + ["OPRUNTIME_CONFIG"]:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    config._code.clear()
+    config.reload()
+    selector.clear_cache()
+    selector._announced.clear()
+    config._announced.clear()
+    yield
+    config._code.clear()
+    config.reload()
+    selector.clear_cache()

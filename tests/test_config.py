@@ -1,0 +1,149 @@
+"""Configuration sources and their precedence; per-operator settings; bad values."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import opruntime as opr
+from opruntime import config
+from opruntime.errors import ConfigError, DeviceUnavailableError, FallbackWarning, UnknownDeviceError
+
+
+def default_device(op="matmul"):
+    return opr.matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32)).device.name if op == "matmul" else None
+
+
+def test_defaults():
+    s = config.settings()
+    assert s.device == () and s.tune == "heuristic" and s.strict is False
+    assert default_device() == opr.devices()[0].name
+
+
+def test_precedence_file_env_code_context_call(fake, tmp_path, monkeypatch):
+    (tmp_path / "opruntime.toml").write_text('device = "fake:0"\ntune = "off"\n')
+    config.reload()
+    assert default_device() == "fake:0"
+    assert config.settings().origin["device"].endswith("opruntime.toml")
+    monkeypatch.setenv("OPRUNTIME_DEVICE", "fake:1")
+    config.reload()
+    assert default_device() == "fake:1" and config.settings().tune == "off"
+    opr.configure(device="cpu")
+    assert default_device() == "cpu"
+    with opr.device("fake:0"):
+        assert default_device() == "fake:0"
+        out = opr.matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), device="fake:1")
+        assert out.device.name == "fake:1"
+    assert default_device() == "cpu"
+
+
+def test_pyproject_table(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname="x"\n[tool.opruntime]\nstrict = true\n')
+    sub = tmp_path / "pkg"
+    sub.mkdir()
+    s = config.Settings()
+    found = config.find_file(sub)
+    assert found is not None and found[0].name == "pyproject.toml" and found[1] == {"strict": True}
+    assert s.strict is False
+
+
+def test_config_env_var_names_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "custom.toml"
+    path.write_text('[tool.opruntime]\ntune = "off"\n[tool.opruntime.ops.softmax]\nkernel = "numpy.softmax.fused"\n')
+    monkeypatch.setenv("OPRUNTIME_CONFIG", str(path))
+    config.reload()
+    s = config.settings()
+    assert s.tune == "off" and s.ops["softmax"].kernel == "numpy.softmax.fused"
+
+
+@pytest.mark.parametrize("text,match", [
+    ('tune = "fast"', r"opruntime.toml: 'tune' must be one of off, heuristic, autotune, got 'fast'"),
+    ('devise = "cpu"', r"unknown key 'devise'; allowed keys: device, tune"),
+    ('strict = "maybe"', r"'strict' must be true or false"),
+    ('device = 3', r"'device' must be a name or a list of names"),
+    ('[ops.softmaxx]\nkernel = "x"', r"unknown operator 'softmaxx' under 'ops'"),
+    ('[ops.softmax]\nkernal = "x"', r"unknown key\(s\) \['kernal'\] in 'ops.softmax'"),
+    ('tune = ', r"cannot read configuration"),
+])
+def test_malformed_file_names_file_and_key(tmp_path, text, match):
+    (tmp_path / "opruntime.toml").write_text(text)
+    config.reload()
+    with pytest.raises(ConfigError, match=match):
+        config.settings()
+
+
+def test_malformed_env(monkeypatch):
+    monkeypatch.setenv("OPRUNTIME_STRICT", "perhaps")
+    config.reload()
+    with pytest.raises(ConfigError, match="environment variable OPRUNTIME_STRICT: 'strict' must be true or false"):
+        config.settings()
+
+
+def test_env_strict_and_tune(monkeypatch):
+    monkeypatch.setenv("OPRUNTIME_STRICT", "1")
+    monkeypatch.setenv("OPRUNTIME_TUNE", "off")
+    config.reload()
+    s = config.settings()
+    assert s.strict is True and s.tune == "off" and s.origin["strict"] == "$OPRUNTIME_STRICT"
+
+
+def test_priority_list_falls_back_once_with_a_warning(monkeypatch):
+    monkeypatch.setenv("OPRUNTIME_DEVICE", "cuda:7,cpu")
+    config.reload()
+    with pytest.warns(FallbackWarning, match="falling back to 'cpu'"):
+        assert default_device() == "cpu"
+
+
+def test_priority_list_strict_raises(monkeypatch):
+    monkeypatch.setenv("OPRUNTIME_DEVICE", "cuda:7,cpu")
+    monkeypatch.setenv("OPRUNTIME_STRICT", "true")
+    config.reload()
+    with pytest.raises(DeviceUnavailableError, match="strict mode"):
+        default_device()
+
+
+def test_typo_in_device_suggests():
+    opr.configure(device="cpo")
+    with pytest.raises(UnknownDeviceError, match="Did you mean 'cpu'"):
+        default_device()
+
+
+def test_per_op_device(fake):
+    opr.configure(ops={"softmax": {"device": "fake:1"}})
+    assert opr.softmax(np.ones(3, np.float32)).device.name == "fake:1"
+    assert default_device() == opr.devices()[0].name
+
+
+def test_configure_none_removes():
+    opr.configure(tune="off")
+    assert config.settings().tune == "off"
+    opr.configure(tune=None)
+    assert config.settings().tune == "heuristic"
+
+
+def test_override_is_thread_local(fake):
+    seen = {}
+    barrier = threading.Barrier(2)
+
+    def worker(name):
+        with opr.device(name):
+            barrier.wait()
+            seen[name] = opr.softmax(np.ones(3, np.float32)).device.name
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in ("fake:0", "fake:1")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"fake:0": "fake:0", "fake:1": "fake:1"}
+    assert config.settings().device == ()
+
+
+def test_settings_are_interned():
+    with opr.override(tune="off") as a:
+        pass
+    with opr.override(tune="off") as b:
+        pass
+    assert a is b  # so the plan cache keeps hitting across blocks
