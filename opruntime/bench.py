@@ -155,7 +155,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
         if case.op in ("softmax", "log_softmax"):
             res.rate, res.unit = op.bytes(problem) / res.time_s / 1e9, "GB/s"
         else:
-            res.rate, res.unit = flops / res.time_s / 1e12, "TFLOP/s"
+            res.rate, res.unit = flops / res.time_s / 1e9, "GFLOP/s"
         if kernels:
             for c in plan.order:
                 views = [d.reshape(s) for d, s in zip(datas, plan.views)]

@@ -33,7 +33,7 @@ def numpy_peer(case: Any, arrays: list[np.ndarray], device: Any):
         a, b = arrays
         return (lambda: np.matmul(a, b)), _noop
     (x,) = arrays
-    axis = case.attrs.get("axis", -1)
+    axis = dict(case.attrs).get("axis", -1)
 
     def softmax() -> np.ndarray:  # the plain five-operation version
         e = np.exp(x - x.max(axis=axis, keepdims=True))
@@ -64,7 +64,7 @@ def torch_peer(case: Any, arrays: list[np.ndarray], device: Any):
         return (lambda: torch.matmul(*ts)), sync
     if case.op in ("softmax", "log_softmax"):
         fn = torch.softmax if case.op == "softmax" else torch.log_softmax
-        axis = case.attrs.get("axis", -1)
+        axis = dict(case.attrs).get("axis", -1)
         return (lambda: fn(ts[0], axis)), sync
     if case.op == "conv2d":
         a = dict(case.attrs)
@@ -92,7 +92,7 @@ def jax_peer(case: Any, arrays: list[np.ndarray], device: Any):
     if case.op == "matmul":
         f = jax.jit(lambda a, b: jnp.matmul(a, b, precision=lax.Precision.HIGHEST))
     elif case.op in ("softmax", "log_softmax"):
-        axis = case.attrs.get("axis", -1)
+        axis = dict(case.attrs).get("axis", -1)
         g = jax.nn.softmax if case.op == "softmax" else jax.nn.log_softmax
         f = jax.jit(lambda x: g(x, axis=axis))
     elif case.op == "conv2d":
@@ -142,7 +142,7 @@ def triton_peer(case: Any, arrays: list[np.ndarray], device: Any):
     """A plain one-row-per-program Triton softmax (the usual tutorial kernel), last axis only."""
     if device.kind != "cuda" or case.op != "softmax" or not _has("triton") or not _has("torch"):
         return None
-    if arrays[0].ndim != 2 or case.attrs.get("axis", -1) not in (-1, 1) or arrays[0].shape[1] > 65536:
+    if arrays[0].ndim != 2 or dict(case.attrs).get("axis", -1) not in (-1, 1) or arrays[0].shape[1] > 65536:
         return None
     from ._triton_softmax import make
 
