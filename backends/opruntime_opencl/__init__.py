@@ -1,9 +1,29 @@
-"""The opencl backend (being built: it reports itself unavailable until its devices exist)."""
+"""The OpenCL backend: device kind ``opencl``, one device per OpenCL device of every platform
+(``opencl:0``, ``opencl:1``, ... and the aliases ``opencl:gpu`` / ``opencl:cpu``), kernels written
+in OpenCL C (``*.cl`` beside their launchers) with tunables passed as ``-D`` build options.
 
-from opruntime import hookimpl
+pyopencl is imported inside the hooks only, so ``import opruntime`` never loads it.
+"""
+
+from __future__ import annotations
+
+from opruntime import Kernel, hookimpl
 from opruntime.errors import BackendUnavailable
+
+from . import conv, matmul, softmax
+from .memory import OpenCLDevice, discover
+
+__version__ = "0.1.0"
 
 
 @hookimpl
-def opruntime_devices() -> list:
-    raise BackendUnavailable("the opencl backend is not built yet", kinds=["opencl"])
+def opruntime_devices() -> list[OpenCLDevice]:
+    devices, reason = discover()
+    if not devices:
+        raise BackendUnavailable(reason, kinds=["opencl"])
+    return devices
+
+
+@hookimpl
+def opruntime_kernels() -> list[Kernel]:
+    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels()]

@@ -1,0 +1,186 @@
+// C = A @ B for row-major A (M x K, row stride lda) and B (K x N, row stride ldb); C is a fresh
+// contiguous M x N. Batches run along grid dim 2; aoff[b] / boff[b] are each batch's element
+// offsets (broadcast batch dims repeat an offset), so any broadcast or batch stride works.
+//
+// Build options: T (element type), ACC (accumulator type), USE_FP64 / USE_FP16 (extensions).
+//   gemm_tiled:  TSM, TSN, TSK (the work-group's tile), WPTM, WPTN (the outputs each work-item
+//                computes: register blocking), VW (vector width of global loads, local tiles and
+//                stores: 1, 2 or 4). The work-group is (TSN / WPTN, TSM / WPTM).
+//   gemm_simple: TS (a TS x TS tile, one output per work-item).
+
+#ifdef USE_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+#ifdef USE_FP16
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+
+#ifdef TSM  // ---------------------------------------------------------------- gemm_tiled
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#if VW == 1
+#define VT T
+#define VGET(v, i) (v)
+#define VMAKE(t) ((t)[0])
+#elif VW == 2
+#define VT CAT(T, 2)
+#define VGET(v, i) ((i) == 0 ? (v).s0 : (v).s1)
+#define VMAKE(t) ((VT)((t)[0], (t)[1]))
+#elif VW == 4
+#define VT CAT(T, 4)
+#define VGET(v, i) ((i) == 0 ? (v).s0 : (i) == 1 ? (v).s1 : (i) == 2 ? (v).s2 : (v).s3)
+#define VMAKE(t) ((VT)((t)[0], (t)[1], (t)[2], (t)[3]))
+#endif
+
+#define RTSM (TSM / WPTM)          // work-items along M
+#define RTSN (TSN / WPTN)          // work-items along N
+#define WG (RTSM * RTSN)
+#define KV (TSK / VW)              // vectors per A-tile row
+#define NV (TSN / VW)              // vectors per B-tile row
+#define LPTA (TSM * KV / WG)       // A-tile vectors each work-item loads
+#define LPTB (TSK * NV / WG)       // B-tile vectors each work-item loads
+
+// Output (and A-tile) row of the work-item's wm-th row: VW consecutive rows per chunk, chunks
+// RTSM * VW apart, so one vector read of the B tile serves VW columns and the stores coalesce.
+#define ROW(ly, wm) (((wm) / VW) * (RTSM * VW) + (ly) * VW + (wm) % VW)
+#define COLV(lx, j) ((j) * RTSN + (lx))   // vector column of the j-th column chunk
+
+// Global -> registers: one tile of A (TSM x TSK at m0, k0) and of B (TSK x TSN at k0, n0).
+// Full, aligned tiles use vector loads; edge tiles load scalars and zero-fill outside.
+inline void load_tiles(__global const T* A, __global const T* B, int lda, int ldb, int M, int N, int K,
+                       int m0, int n0, int k0, bool a_fast, bool b_fast, int tid, VT* ra, VT* rb) {
+    #pragma unroll
+    for (int l = 0; l < LPTA; l++) {
+        int idx = l * WG + tid, r = idx / KV, kv = idx % KV;
+        if (a_fast) {
+            ra[l] = *(__global const VT*)(A + (size_t)r * lda + kv * VW);
+        } else {
+            T t[VW];
+            #pragma unroll
+            for (int c = 0; c < VW; c++) {
+                int k = k0 + kv * VW + c;
+                t[c] = (m0 + r < M && k < K) ? A[(size_t)r * lda + kv * VW + c] : (T)0;
+            }
+            ra[l] = VMAKE(t);
+        }
+    }
+    #pragma unroll
+    for (int l = 0; l < LPTB; l++) {
+        int idx = l * WG + tid, r = idx / NV, nv = idx % NV;
+        if (b_fast) {
+            rb[l] = *(__global const VT*)(B + (size_t)r * ldb + nv * VW);
+        } else {
+            T t[VW];
+            #pragma unroll
+            for (int c = 0; c < VW; c++) {
+                int n = n0 + nv * VW + c;
+                t[c] = (k0 + r < K && n < N) ? B[(size_t)r * ldb + nv * VW + c] : (T)0;
+            }
+            rb[l] = VMAKE(t);
+        }
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
+void gemm_tiled(const int M, const int N, const int K,
+                __global const T* A, __global const long* aoff, const int lda, const int a_vec,
+                __global const T* B, __global const long* boff, const int ldb, const int b_vec,
+                __global T* C, const int c_vec) {
+    __local VT As[TSM][KV];
+    __local VT Bs[TSK][NV];
+
+    const int lx = get_local_id(0), ly = get_local_id(1), tid = ly * RTSN + lx;
+    const int n0 = get_group_id(0) * TSN, m0 = get_group_id(1) * TSM, batch = get_group_id(2);
+    A += aoff[batch] + (long)m0 * lda;
+    B += boff[batch] + n0;
+    C += (long)batch * M * N;
+
+    ACC acc[WPTM][WPTN];
+    #pragma unroll
+    for (int i = 0; i < WPTM; i++)
+        #pragma unroll
+        for (int j = 0; j < WPTN; j++) acc[i][j] = (ACC)0;
+
+    const bool rows_in = m0 + TSM <= M, cols_in = n0 + TSN <= N;
+    const int ntiles = (K + TSK - 1) / TSK;
+    VT ra[LPTA], rb[LPTB];
+    load_tiles(A, B, lda, ldb, M, N, K, m0, n0, 0, a_vec && rows_in && TSK <= K, b_vec && cols_in && TSK <= K,
+               tid, ra, rb);
+
+    for (int t = 0; t < ntiles; t++) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's readers are done
+        #pragma unroll
+        for (int l = 0; l < LPTA; l++) { int idx = l * WG + tid; As[idx / KV][idx % KV] = ra[l]; }
+        #pragma unroll
+        for (int l = 0; l < LPTB; l++) { int idx = l * WG + tid; Bs[idx / NV][idx % NV] = rb[l]; }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (t + 1 < ntiles) {  // prefetch the next tile into registers while this one is used
+            int k1 = (t + 1) * TSK;
+            bool kin = k1 + TSK <= K;
+            load_tiles(A + k1, B + (long)k1 * ldb, lda, ldb, M, N, K, m0, n0, k1,
+                       a_vec && rows_in && kin, b_vec && cols_in && kin, tid, ra, rb);
+        }
+        #pragma unroll
+        for (int kv = 0; kv < KV; kv++) {
+            VT a[WPTM];
+            #pragma unroll
+            for (int i = 0; i < WPTM; i++) a[i] = As[ROW(ly, i)][kv];
+            #pragma unroll
+            for (int c = 0; c < VW; c++) {
+                VT b[WPTN / VW];
+                #pragma unroll
+                for (int j = 0; j < WPTN / VW; j++) b[j] = Bs[kv * VW + c][COLV(lx, j)];
+                #pragma unroll
+                for (int i = 0; i < WPTM; i++) {
+                    ACC ai = (ACC)VGET(a[i], c);
+                    #pragma unroll
+                    for (int j = 0; j < WPTN; j++) acc[i][j] += ai * (ACC)VGET(b[j / VW], j % VW);
+                }
+            }
+        }
+    }
+
+    const bool c_fast = c_vec && rows_in && cols_in;
+    #pragma unroll
+    for (int i = 0; i < WPTM; i++) {
+        int m = m0 + ROW(ly, i);
+        #pragma unroll
+        for (int j = 0; j < WPTN / VW; j++) {
+            int n = n0 + COLV(lx, j) * VW;
+            T t[VW];
+            #pragma unroll
+            for (int c = 0; c < VW; c++) t[c] = (T)acc[i][j * VW + c];
+            if (c_fast) {
+                *(__global VT*)(C + (long)m * N + n) = VMAKE(t);
+            } else if (m < M) {
+                #pragma unroll
+                for (int c = 0; c < VW; c++)
+                    if (n + c < N) C[(long)m * N + n + c] = t[c];
+            }
+        }
+    }
+}
+#endif  // TSM
+
+#ifdef TS  // ----------------------------------------------------------------- gemm_simple
+__kernel __attribute__((reqd_work_group_size(TS, TS, 1)))
+void gemm_simple(const int M, const int N, const int K,
+                 __global const T* A, __global const long* aoff, const int lda,
+                 __global const T* B, __global const long* boff, const int ldb, __global T* C) {
+    __local T As[TS][TS];
+    __local T Bs[TS][TS];
+    const int lx = get_local_id(0), ly = get_local_id(1);
+    const int col = get_global_id(0), row = get_global_id(1), batch = get_group_id(2);
+    A += aoff[batch];
+    B += boff[batch];
+    ACC acc = (ACC)0;
+    for (int k0 = 0; k0 < K; k0 += TS) {
+        As[ly][lx] = (row < M && k0 + lx < K) ? A[(long)row * lda + k0 + lx] : (T)0;
+        Bs[ly][lx] = (k0 + ly < K && col < N) ? B[(long)(k0 + ly) * ldb + col] : (T)0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int k = 0; k < TS; k++) acc += (ACC)As[ly][k] * (ACC)Bs[k][lx];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (row < M && col < N) C[(long)batch * M * N + (long)row * N + col] = (T)acc;
+}
+#endif  // TS

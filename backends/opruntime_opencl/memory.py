@@ -1,0 +1,324 @@
+"""The ``opencl:<i>`` devices: one context and one in-order, profiling queue per OpenCL device.
+
+Native data is a ``pyopencl.array.Array`` allocated from a per-device memory pool. Views that
+pyopencl makes (``a.T``, ``a[:, ::2]``) keep their strides and byte offset; kernels either read
+them through strides or call :meth:`OpenCLDevice.contiguous`, a device-side gather. DLPack goes
+through the host (OpenCL has no DLPack device type).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from opruntime import DeviceProvider
+from opruntime.errors import OutOfMemoryError
+
+from . import build
+
+#: device type -> (priority, alias); GPUs rank above the NumPy ``cpu`` (50), CPUs below it.
+PRIORITY = {"gpu": 70, "accelerator": 40, "cpu": 20}
+
+
+class OpenCLDevice(DeviceProvider):
+    """One OpenCL device of any platform. The context and queue are made on first use."""
+
+    kind = "opencl"
+
+    def __init__(self, index: int, cl_device: Any, aliases: tuple[str, ...] = ()) -> None:
+        import pyopencl as cl
+
+        self.cl_device = cl_device
+        self.platform = cl_device.platform
+        self.name = f"opencl:{index}"
+        self.description = cl_device.name.strip()
+        self.type = _type_name(cl_device.type, cl)
+        self.priority = PRIORITY.get(self.type, 20)
+        self.aliases = aliases
+        self.extensions = frozenset(cl_device.extensions.split())
+        self.max_wg = int(cl_device.max_work_group_size)
+        self.local_mem = int(cl_device.local_mem_size)
+        self.compute_units = int(cl_device.max_compute_units)
+        self.clock_hz = float(cl_device.max_clock_frequency or 1000) * 1e6
+        self.is_gpu = self.type == "gpu"
+        self.is_nvidia = "NVIDIA" in self.platform.name.upper()
+        self.has_fp64 = "cl_khr_fp64" in self.extensions
+        self.has_fp16 = "cl_khr_fp16" in self.extensions
+        self.has_subgroups = "cl_khr_subgroups" in self.extensions
+        # rough peak figures for the cost estimates (they only rank this backend's kernels)
+        lanes = (128 if self.is_nvidia else 64) if self.is_gpu else 16
+        self.flops = self.compute_units * self.clock_hz * 2 * lanes
+        self.bandwidth = 2.5e12 if self.is_gpu else 15e9
+        self.launch_s = 8e-6 if self.is_gpu else 20e-6
+        self._ctx = self._queue = self._pool = None
+        self._events: list[Any] | None = None
+
+    # -- context ----------------------------------------------------------------------------
+    @property
+    def context(self) -> Any:
+        if self._ctx is None:
+            import pyopencl as cl
+            import pyopencl.tools
+
+            self._ctx = cl.Context([self.cl_device])
+            self._queue = cl.CommandQueue(self._ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+            self._pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self._queue))
+        return self._ctx
+
+    @property
+    def queue(self) -> Any:
+        self.context  # noqa: B018 - creates the queue
+        return self._queue
+
+    def dtype_ok(self, dtype: str) -> bool:
+        """Whether kernels can compute in ``dtype`` here (fp64 / fp16 need their extensions)."""
+        return dtype == "float32" or (dtype == "float64" and self.has_fp64) or (dtype == "float16" and self.has_fp16)
+
+    def launch(self, kernel: Any, gsize: tuple[int, ...], lsize: tuple[int, ...], *args: Any) -> Any:
+        """Enqueue ``kernel``; ``gsize`` is rounded up to a multiple of ``lsize``."""
+        import pyopencl as cl
+
+        g = tuple(-(-n // l) * l for n, l in zip(gsize, lsize))
+        kernel.set_args(*args)
+        evt = cl.enqueue_nd_range_kernel(self.queue, kernel, g, lsize)
+        if self._events is not None:
+            self._events.append(evt)
+        return evt
+
+    # -- memory -----------------------------------------------------------------------------
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        import pyopencl as cl
+        import pyopencl.array as cla
+
+        try:
+            return cla.empty(self.queue, tuple(shape), np.dtype(dtype), allocator=self._pool)
+        except (cl.MemoryError, MemoryError) as exc:
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            raise OutOfMemoryError(f"{self.name} ({self.description}): cannot allocate {nbytes / 2**20:.1f} MiB "
+                                   f"for a {np.dtype(dtype).name} array of shape {tuple(shape)}: {exc}") from exc
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        import pyopencl as cl
+
+        out = self.empty(shape, dtype)
+        if out.nbytes:
+            cl.enqueue_fill_buffer(self.queue, out.base_data, np.uint8(0), out.offset, out.nbytes)
+        return out
+
+    def from_host(self, array: np.ndarray) -> Any:
+        array = np.ascontiguousarray(array)
+        out = self.empty(array.shape, array.dtype)
+        if array.size:
+            out.set(array)
+        return out
+
+    def to_host(self, data: Any) -> np.ndarray:
+        data = self.contiguous(data)
+        if not data.size:
+            return np.empty(data.shape, data.dtype)
+        return data.get()
+
+    def astype(self, data: Any, dtype: np.dtype) -> Any:
+        dtype = np.dtype(dtype)
+        native = {"float32", "float64"} if self.has_fp64 else {"float32"}
+        if data.dtype.name in native and dtype.name in native:
+            return self.contiguous(data).astype(dtype)
+        return self.from_host(self.to_host(data).astype(dtype))  # half / bfloat16: through the host
+
+    def owns(self, data: Any) -> bool:
+        if self._ctx is None or type(data).__module__ != "pyopencl.array":
+            return False
+        return getattr(data, "context", None) == self._ctx
+
+    def contiguous(self, data: Any) -> Any:
+        """``data`` itself when C-contiguous without offset, else a C-contiguous device copy."""
+        if data.flags.c_contiguous and not data.offset:
+            return data
+        out = self.empty(data.shape, data.dtype)
+        if not data.size:
+            return out
+        shape, strides = _collapse(data.shape, [s // data.dtype.itemsize for s in data.strides])
+        if len(shape) > MAX_COPY_RANK:  # pragma: no cover - 7-D views that do not collapse
+            host = self.to_host_strided(data)
+            out.set(host)
+            return out
+        shape = [1] * (MAX_COPY_RANK - len(shape)) + shape
+        strides = [0] * (MAX_COPY_RANK - len(strides)) + strides
+        word = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[data.dtype.itemsize]
+        knl = build.kernel(self, build.source("memory.cl"), {"W": word}, "strided_copy", label="opencl.copy")
+        n = out.size
+        self.launch(knl, (n,), (min(256, self.max_wg),), out.base_data, data.base_data,
+                    np.int64(data.offset // data.dtype.itemsize), np.int64(n),
+                    *[np.int64(s) for s in shape], *[np.int64(s) for s in strides])
+        return out
+
+    def to_host_strided(self, data: Any) -> np.ndarray:  # pragma: no cover - rank > 6 only
+        base = data.base_data
+        flat = np.empty(base.size // data.dtype.itemsize, data.dtype)
+        import pyopencl as cl
+
+        cl.enqueue_copy(self.queue, flat, base)
+        return np.lib.stride_tricks.as_strided(flat[data.offset // data.dtype.itemsize:], data.shape,
+                                               data.strides).copy()
+
+    # -- DLPack: through the host --------------------------------------------------------------
+    def to_dlpack(self, data: Any, **kwargs: Any) -> Any:
+        return np.ascontiguousarray(self.to_host(data)).__dlpack__(**kwargs)
+
+    def dlpack_device(self, data: Any) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU: the capsule holds a host copy
+
+    # -- execution ------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        if self._queue is not None:
+            self._queue.finish()
+
+    def time(self, fn: Callable[[], Any], *, repeats: int = 20, warmup: int = 3) -> list[float]:
+        """Seconds per run from profiling events: first kernel's start to last kernel's end.
+
+        Runs that launch no kernel of this backend (pure pyopencl operations) use the host clock.
+        """
+        for _ in range(warmup):
+            fn()
+        self.synchronize()
+        times = []
+        for _ in range(repeats):
+            self._events = []
+            t0 = time.perf_counter()
+            try:
+                fn()
+            finally:
+                events, self._events = self._events, None
+            if events:
+                events[-1].wait()
+                times.append((events[-1].profile.end - events[0].profile.start) * 1e-9)
+            else:
+                self.synchronize()
+                times.append(time.perf_counter() - t0)
+        return times
+
+    def fingerprint(self) -> dict[str, str]:
+        import pyopencl as cl
+
+        d = self.cl_device
+        return {"name": self.name, "device": self.description, "platform": self.platform.name.strip(),
+                "platform_version": self.platform.version, "driver": d.driver_version,
+                "opencl": d.version, "pyopencl": cl.VERSION_TEXT}
+
+    def info(self) -> dict[str, str]:
+        d = self.cl_device
+        exts = sorted(e.removeprefix("cl_") for e in self.extensions)
+        shown = ", ".join(e for e in exts if e.startswith("khr_fp") or "subgroup" in e)
+        return {
+            "platform": f"{self.platform.name.strip()} ({self.platform.version})",
+            "device": f"{self.description} [{self.type}]",
+            "opencl": f"{d.version}; {d.opencl_c_version}; driver {d.driver_version}",
+            "compute units": f"{self.compute_units} @ {self.clock_hz / 1e6:.0f} MHz",
+            "max work-group size": str(self.max_wg),
+            "local memory": f"{self.local_mem // 1024} KiB",
+            "global memory": f"{d.global_mem_size / 2**30:.1f} GiB",
+            "extensions": f"{len(exts)} ({shown or 'no fp16/fp64/subgroups'}, ...)",
+        }
+
+
+MAX_COPY_RANK = 6
+
+
+def _collapse(shape: tuple[int, ...], strides: list[int]) -> tuple[list[int], list[int]]:
+    """Drop size-1 dims and merge dims that are contiguous with their inner neighbour."""
+    dims = [(n, s) for n, s in zip(shape, strides) if n != 1] or [(1, 1)]
+    out = [list(dims[-1])]
+    for n, s in reversed(dims[:-1]):
+        inner_n, inner_s = out[0]
+        if s == inner_n * inner_s:
+            out[0] = [n * inner_n, inner_s]
+        else:
+            out.insert(0, [n, s])
+    return [n for n, _ in out], [s for _, s in out]
+
+
+def _type_name(t: int, cl: Any) -> str:
+    if t & cl.device_type.GPU:
+        return "gpu"
+    if t & cl.device_type.CPU:
+        return "cpu"
+    return "accelerator"
+
+
+def alias_map(devices: list[Any], cl: Any) -> dict[int, tuple[str, ...]]:
+    """index -> aliases: ``opencl:gpu`` / ``opencl:cpu`` name the first device of that type."""
+    seen: set[str] = set()
+    out: dict[int, tuple[str, ...]] = {}
+    for i, d in enumerate(devices):
+        t = _type_name(d.type, cl)
+        out[i] = () if t in seen else (f"opencl:{t}",)
+        seen.add(t)
+    return out
+
+
+def element_offset(data: Any) -> int:
+    """The byte offset of a pyopencl array view, in elements."""
+    return data.offset // data.dtype.itemsize
+
+
+def elem_strides(data: Any) -> tuple[int, ...]:
+    """Strides in elements."""
+    return tuple(s // data.dtype.itemsize for s in data.strides)
+
+
+# -- discovery: one provider per OpenCL device, made once per process ---------------------------
+_devices: dict[str, OpenCLDevice] = {}
+_discovered = False
+_reason = ""
+
+
+def discover() -> tuple[list[OpenCLDevice], str]:
+    """Every OpenCL device of every platform, and why there are none (empty when some exist).
+
+    The providers (and so their contexts) are made once per process: a rebuilt registry reuses
+    them, so arrays made earlier still belong to their device.
+    """
+    global _discovered, _reason
+    if not _discovered:
+        _discovered = True
+        try:
+            import pyopencl as cl
+        except ImportError as exc:
+            _reason = f"pyopencl not installed ({exc}); pip install pyopencl"
+            return [], _reason
+        try:
+            platforms = cl.get_platforms()
+        except cl.Error as exc:  # no ICD loader entries: clGetPlatformIDs fails with -1001
+            platforms, _reason = [], f"no OpenCL platform found ({exc}); install an ICD such as pocl-opencl-icd"
+        found = []
+        for p in platforms:
+            try:
+                found += p.get_devices()
+            except cl.Error:  # a platform with no devices
+                continue
+        if platforms and not found:
+            _reason = f"OpenCL platforms {', '.join(p.name for p in platforms)} have no devices"
+        aliases = alias_map(found, cl)
+        for i, d in enumerate(found):
+            dev = OpenCLDevice(i, d, aliases[i])
+            _devices[dev.name] = dev
+    return list(_devices.values()), _reason
+
+
+def provider(name: str) -> OpenCLDevice:
+    """The provider of device ``name`` (``"opencl:0"``)."""
+    return _devices[name]
+
+
+def kernel_dtypes() -> frozenset[str]:
+    """The dtypes some present device computes: float32, plus float64 / float16 where a device
+    has cl_khr_fp64 / cl_khr_fp16 (kernels check the device itself in ``supports``)."""
+    devs, _ = discover()
+    out = {"float32"}
+    out |= {"float64"} if any(d.has_fp64 for d in devs) else set()
+    out |= {"float16"} if any(d.has_fp16 for d in devs) else set()
+    return frozenset(out)

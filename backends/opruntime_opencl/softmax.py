@@ -1,0 +1,174 @@
+"""softmax / log_softmax on OpenCL devices (``softmax.cl``).
+
+* ``rows``: one row per TPR work-items (several rows per work-group when rows are short), the
+  row held in registers when it fits (one read, one write), reductions in local memory, NVIDIA
+  warp shuffles or sub-groups. Any axis: a non-last axis is read with stride ``inner``.
+* ``columns``: one work-item per row walking down the column with an online max / sum: reads
+  coalesce across work-items when the axis is not the last one.
+
+Non-contiguous inputs are gathered into a contiguous copy first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from opruntime.kernels import Kernel, Problem, itemsize
+
+from . import build
+from .matmul import TYPES
+from .memory import OpenCLDevice, element_offset, kernel_dtypes, provider
+
+#: The rows kernel's menu: work-items per row and the widest vector; ``config_for`` completes
+#: each into a concrete config (rows per work-group, vectors per work-item, reduction).
+ROW_CONFIGS: tuple[dict[str, int], ...] = tuple(dict(TPR=t, VW=4) for t in (256, 128, 512, 1024, 64, 32, 16))
+COLUMN_CONFIGS: tuple[dict[str, int], ...] = (dict(WG=128), dict(WG=64))
+MAX_NV = 16  # vectors per work-item kept in registers; longer rows take the three-read path
+
+
+def kernels() -> list[Kernel]:
+    src, dtypes = build.source("softmax.cl"), kernel_dtypes()
+    out = []
+    for op in ("softmax", "log_softmax"):
+        out += [
+            #      op  name                        kind      dtypes  run
+            Kernel(op, f"opencl.{op}.rows", "opencl", dtypes, _runner(run_rows), supports=supports,
+                   cost=rows_cost, configs=ROW_CONFIGS, config_for=row_configs, source=src),
+            Kernel(op, f"opencl.{op}.columns", "opencl", dtypes, _runner(run_columns), supports=supports,
+                   cost=columns_cost, configs=COLUMN_CONFIGS, config_for=column_configs, source=src),
+        ]
+    return out
+
+
+def _runner(fn: Any) -> Any:
+    return lambda problem, config, x: fn(problem, config, x)
+
+
+def _geometry(problem: Problem) -> tuple[int, int, int]:
+    """(rows, L, inner) of the (outer, L, inner) view."""
+    shape, axis = problem.shapes[0], problem.attrs["axis"]
+    inner = math.prod(shape[axis + 1:])
+    length = shape[axis]
+    return math.prod(shape) // length, length, inner
+
+
+def _input(dev: OpenCLDevice, x: Any) -> tuple[Any, int]:
+    """(array, element offset) of a C-contiguous view of ``x`` (copied when strided)."""
+    if not x.flags.c_contiguous:
+        x = dev.contiguous(x)
+    return x, element_offset(x)
+
+
+def _defines(problem: Problem, config: Mapping[str, int]) -> dict[str, Any]:
+    t, acc, ext = TYPES[problem.dtype]
+    return {"T": t, "ACC": acc, **ext, "LOG": int(problem.op == "log_softmax"), **config}
+
+
+def run_rows(problem: Problem, config: Mapping[str, int], x: Any) -> Any:
+    dev = provider(problem.device)
+    rows, length, inner = _geometry(problem)
+    x, xoff = _input(dev, x)
+    cfg = dict(config)
+    if cfg["VW"] > 1 and xoff % cfg["VW"]:  # a misaligned view: scalar loads, same register budget
+        cfg["NV"], cfg["VW"] = cfg["NV"] * cfg["VW"], 1
+    out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
+    knl = build.kernel(dev, build.source("softmax.cl"), _defines(problem, cfg), "softmax_rows",
+                       label=f"opencl.{problem.op}.rows")
+    tpr, rpw = cfg["TPR"], cfg["RPW"]
+    dev.launch(knl, (tpr, -(-rows // rpw) * rpw), (tpr, rpw), x.base_data, np.int64(xoff), out.base_data,
+               np.int32(rows), np.int32(length), np.int32(inner))
+    return out
+
+
+def run_columns(problem: Problem, config: Mapping[str, int], x: Any) -> Any:
+    dev = provider(problem.device)
+    rows, length, inner = _geometry(problem)
+    x, xoff = _input(dev, x)
+    out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
+    knl = build.kernel(dev, build.source("softmax.cl"), {**_defines(problem, {}), "COLUMNS": 1},
+                       "softmax_columns", label=f"opencl.{problem.op}.columns")
+    dev.launch(knl, (rows,), (config["WG"],), x.base_data, np.int64(xoff), out.base_data,
+               np.int32(rows), np.int32(length), np.int32(inner))
+    return out
+
+
+# -- configs and costs -------------------------------------------------------------------------
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def complete(problem: Problem, menu: Mapping[str, int]) -> dict[str, int] | None:
+    """A menu entry made concrete for ``problem``, or None when it does not fit the device."""
+    dev = provider(problem.device)
+    rows, length, inner = _geometry(problem)
+    tpr = menu["TPR"]
+    limits = dev.cl_device.max_work_item_sizes
+    if tpr > dev.max_wg or tpr > limits[0]:
+        return None
+    vw = menu["VW"] if inner == 1 and length % menu["VW"] == 0 else 1
+    nv = _pow2(-(-length // (tpr * vw)))
+    onepass = nv <= MAX_NV
+    target = 256 if dev.is_gpu else 64
+    rpw = max(1, min(target // tpr, _pow2(rows), limits[1], dev.max_wg // tpr))
+    red = 0
+    if dev.is_nvidia and problem.dtype != "float64":
+        red = 1
+    elif dev.has_subgroups and rpw == 1:
+        red = 2
+    acc = 8 if problem.dtype == "float64" else 4
+    if 4 * rpw * (tpr + 32) * acc > dev.local_mem - 256:
+        return None
+    return dict(TPR=tpr, RPW=rpw, VW=vw, NV=nv if onepass else 1, ONEPASS=int(onepass), RED=red)
+
+
+def row_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
+    out = [c for c in (complete(problem, m) for m in ROW_CONFIGS) if c is not None]
+    unique = list({tuple(sorted(c.items())): c for c in out}.values())
+    return sorted(unique, key=lambda c: rows_cost(problem, c))
+
+
+def column_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
+    dev = provider(problem.device)
+    return [c for c in COLUMN_CONFIGS if c["WG"] <= dev.max_wg]
+
+
+def supports(problem: Problem) -> bool:
+    return provider(problem.device).dtype_ok(problem.dtype)
+
+
+def _bytes(problem: Problem) -> float:
+    return math.prod(problem.out_shape) * itemsize(problem.dtype)
+
+
+def rows_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
+    dev = provider(problem.device)
+    rows, length, inner = _geometry(problem)
+    if "RPW" not in cfg:
+        cfg = complete(problem, cfg) or {**cfg, "RPW": 1, "NV": 1, "ONEPASS": 0, "RED": 0}
+    n = _bytes(problem)
+    passes = 2.0 if cfg["ONEPASS"] else 4.0
+    strided = min(8.0, float(inner)) if dev.is_gpu else (1.0 if inner == 1 else 2.0)
+    mem = passes * n * strided / dev.bandwidth
+    # idle work-items (padding) and register-heavy rows cost a little; few groups underfill a GPU
+    used = length / (cfg["TPR"] * cfg["VW"] * cfg["NV"]) if cfg["ONEPASS"] else 1.0
+    shape_penalty = 1.0 + 0.3 * (1.0 - used) + 0.05 * abs(math.log2(max(cfg["NV"], 1) / 4))
+    groups = -(-rows // cfg["RPW"])
+    fill = max(1.0, dev.compute_units * (4 if dev.is_gpu else 1) / groups)
+    copy = 0.0 if problem.contiguous else 2 * n / dev.bandwidth
+    return mem * shape_penalty * min(fill, 8.0) + copy + dev.launch_s
+
+
+def columns_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
+    dev = provider(problem.device)
+    rows, length, inner = _geometry(problem)
+    n = _bytes(problem)
+    coalesced = inner >= 16 or not dev.is_gpu
+    mem = 3.0 * n * (1.0 if coalesced else 8.0) / dev.bandwidth
+    lanes = dev.compute_units * (2048 if dev.is_gpu else 16)
+    serial = length * (4e-9 if dev.is_gpu else 2e-9) * -(-rows // lanes) * (1.0 if rows >= lanes else lanes / rows / 4)
+    copy = 0.0 if problem.contiguous else 2 * n / dev.bandwidth
+    return max(mem, serial) * (1.0 if inner > 1 else 1.5) + copy + dev.launch_s
