@@ -12,6 +12,9 @@ Keys (file, ``configure`` and ``override`` alike; :data:`KEYS` is the source of 
 
     device    = "cuda:0" | ["cuda:0", "cpu"]   # a priority list: the first present wins
     tune      = "off" | "heuristic" | "autotune"
+    bucket    = "exact" | "pow2"                # tuning-cache keys; also per operator
+    tune_budget = 2.0                          # seconds per new problem when autotuning
+    tune_top_k  = 8                            # candidates timed per problem
     strict    = false                          # raise instead of announcing a fallback
     plugins   = ["-opencl"]                    # "-name" blocks a plugin; plain names allow only those
     cache_dir = "~/.cache/opruntime"
@@ -44,9 +47,14 @@ KEYS: dict[str, tuple[str, str]] = {
     "strict": ("raise instead of announcing a fallback", "true | false"),
     "plugins": ("plugins to block ('-name') or, with plain names, the only ones to load", 'a list of names, e.g. ["-opencl"]'),
     "cache_dir": ("where tuning results are kept", "a directory path"),
-    "ops": ("per-operator settings: a table per operator with 'device' and/or 'kernel'", "[ops.<op>] device = ..., kernel = ..."),
+    "bucket": ("tuning-cache keys: exact shapes, or each dim rounded up to a power of two", "exact | pow2"),
+    "tune_budget": ("seconds the autotuner may spend on one new problem", "a number > 0"),
+    "tune_top_k": ("candidates timed per problem, the lowest estimates first (vendor kernels always)", "an int >= 1"),
+    "ops": ("per-operator settings: a table per operator with 'device', 'kernel' and/or 'bucket'",
+            "[ops.<op>] device = ..., kernel = ..., bucket = ..."),
 }
-OP_KEYS = ("device", "kernel")
+OP_KEYS = ("device", "kernel", "bucket")
+BUCKETS = ("exact", "pow2")
 
 #: environment variable -> settings key.
 ENV = {
@@ -55,6 +63,7 @@ ENV = {
     "OPRUNTIME_STRICT": "strict",
     "OPRUNTIME_PLUGINS": "plugins",
     "OPRUNTIME_CACHE_DIR": "cache_dir",
+    "OPRUNTIME_BUCKET": "bucket",
 }
 
 
@@ -64,6 +73,7 @@ class OpSettings:
 
     device: tuple[str, ...] = ()
     kernel: str | None = None
+    bucket: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,8 +85,16 @@ class Settings:
     strict: bool = False
     plugins: tuple[str, ...] = ()
     cache_dir: str | None = None
+    bucket: str = "exact"
+    tune_budget: float = 2.0
+    tune_top_k: int = 8
     ops: Mapping[str, OpSettings] = field(default_factory=dict)
     origin: Mapping[str, str] = field(default_factory=dict)  # key -> the source that set it
+
+    def bucket_for(self, op: str) -> str:
+        """The bucketing mode for ``op``'s tuning-cache keys."""
+        op_s = self.ops.get(op)
+        return (op_s.bucket if op_s and op_s.bucket else None) or self.bucket
 
     @property
     def blocked_plugins(self) -> tuple[str, ...]:
@@ -141,6 +159,26 @@ def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
             if not isinstance(value, (str, os.PathLike)):
                 raise ConfigError(f"{where}: 'cache_dir' must be a directory path, got {value!r}")
             out[key] = str(Path(value).expanduser())
+        elif key == "bucket":
+            if value not in BUCKETS:
+                raise ConfigError(f"{where}: 'bucket' must be one of {', '.join(BUCKETS)}, got {value!r}")
+            out[key] = value
+        elif key == "tune_budget":
+            try:
+                budget = float(value)
+            except (TypeError, ValueError):
+                budget = -1.0
+            if isinstance(value, bool) or not budget > 0:
+                raise ConfigError(f"{where}: 'tune_budget' must be a number of seconds > 0, got {value!r}")
+            out[key] = budget
+        elif key == "tune_top_k":
+            try:
+                k = int(value)
+            except (TypeError, ValueError):
+                k = 0
+            if isinstance(value, bool) or k < 1 or str(k) != str(value).strip():
+                raise ConfigError(f"{where}: 'tune_top_k' must be an int >= 1, got {value!r}")
+            out[key] = k
         elif key == "ops":
             out[key] = _parse_ops(value, where)
     return out
@@ -167,7 +205,10 @@ def _parse_ops(value: Any, where: str) -> dict[str, OpSettings]:
         if kernel is not None and not isinstance(kernel, str):
             raise ConfigError(f"{where}: 'ops.{op}.kernel' must be a kernel name, got {kernel!r}")
         device = _names(table["device"], where, f"ops.{op}.device") if "device" in table else ()
-        ops[op] = OpSettings(device, kernel)
+        bucket = table.get("bucket")
+        if bucket is not None and bucket not in BUCKETS:
+            raise ConfigError(f"{where}: 'ops.{op}.bucket' must be one of {', '.join(BUCKETS)}, got {bucket!r}")
+        ops[op] = OpSettings(device, kernel, bucket)
     return ops
 
 
@@ -221,7 +262,7 @@ def _merge(layers: list[tuple[str, dict[str, Any]]]) -> Settings:
                 merged = dict(values.get("ops", {}))
                 for op, s in v.items():
                     old = merged.get(op, OpSettings())
-                    merged[op] = OpSettings(s.device or old.device, s.kernel or old.kernel)
+                    merged[op] = OpSettings(s.device or old.device, s.kernel or old.kernel, s.bucket or old.bucket)
                     origin[f"ops.{op}"] = source
                 v = merged
             values[key] = v

@@ -142,6 +142,10 @@ class Registry:
             dev = self._device_cache[name] = resolve_name(name, self.devices, self.unavailable)
         return dev
 
+    def plugin_of(self, device_name: str) -> PluginRecord | None:
+        """The record of the plugin that provides ``device_name``."""
+        return next((r for r in self.records.values() if device_name in r.devices), None)
+
     def kernels_for(self, op: str, device_kind: str) -> list[Kernel]:
         """Every kernel of ``op`` registered for ``device_kind``."""
         return self._by_op.get((op, device_kind), [])

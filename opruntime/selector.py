@@ -5,10 +5,12 @@ attributes) the selector ranks the kernels that support the problem, once, and k
 as a :class:`Plan` in :data:`plans`; a repeated call goes straight to the plan. Ranking:
 
 1. a kernel pinned in configuration (``[ops.<op>] kernel = ...``) wins;
-2. ``tune = "autotune"``: every candidate (kernel x config) is timed on the device with random
-   inputs and the fastest wins;
-3. ``tune = "heuristic"`` (default): the smallest cost estimate wins;
-4. ``tune = "off"``: registration order.
+2. a result in the persistent tuning cache (``opruntime tune`` or an earlier autotuned run) for
+   this device fingerprint, kernel source and problem key (exact, or power-of-two buckets);
+3. ``tune = "autotune"``: the candidates (kernel x config) are timed now (``opruntime.tuning``),
+   the fastest wins and is stored in the cache;
+4. ``tune = "heuristic"`` (default): the smallest cost estimate wins;
+5. ``tune = "off"``: registration order, no cache.
 
 When the chosen kernel raises, it is dropped for that problem with one ``FallbackWarning`` and
 the next candidate runs; in strict mode the error is raised instead.
@@ -17,8 +19,10 @@ the next candidate runs; in strict mode the error is raised instead.
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import math
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +54,7 @@ def clear_cache() -> None:
     """Forget every decision (after the registry or the settings change)."""
     plans.clear()
     defaults.clear()
+    _device_keys.clear()
 
 
 @dataclass
@@ -95,10 +100,7 @@ def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate]
         if not ok:
             rows.append(Candidate(k, status="does not support this problem"))
             continue
-        configs = list(k.candidates(problem)) or [{}]
-        if s.tune != "autotune":
-            configs = configs[:1]
-        for cfg in configs:
+        for cfg in list(k.candidates(problem)) or [{}]:
             try:
                 cost = k.estimate(problem, cfg)
             except Exception as exc:
@@ -115,13 +117,12 @@ def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate]
                             + "\n".join(f"  {c.kernel.name}: {c.status}" for c in rows))
     if s.tune == "off":
         why = "first registered (tune=off)"
-    elif s.tune == "autotune":
-        _autotune(problem, device, usable)
-        usable.sort(key=lambda c: c.measured if c.measured is not None else math.inf)
-        why = f"fastest measured ({usable[0].measured * 1e6:.1f} us, tune=autotune)"
     else:
         usable.sort(key=lambda c: c.cost)
-        why = "lowest cost estimate (tune=heuristic)"
+        why = "lowest cost estimate (heuristic)"
+        tuned = _tuned(problem, device, s, usable)
+        if tuned is not None:
+            usable, why = tuned
     op_s = s.ops.get(problem.op)
     pinned = op_s.kernel if op_s else None
     if pinned:
@@ -141,21 +142,71 @@ def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate]
     return usable, rows, why
 
 
-def _autotune(problem: Problem, device: Device, usable: list[Candidate]) -> None:
-    rng = np.random.default_rng(0)
-    prov = device.provider
-    arrays = [prov.from_host(rng.standard_normal(shape).astype(problem.dtype if problem.dtype != "bfloat16" else "float32"))
-              for shape in problem.shapes]
-    best = math.inf
-    for c in usable:
+def _tuned(problem: Problem, device: Device, s: Settings, usable: list[Candidate]) -> tuple[list[Candidate], str] | None:
+    """The order from the tuning cache, or (autotune) from timing the candidates now; None when neither."""
+    import sqlite3
+
+    from . import cache, tuning
+
+    key = tuning.problem_key(problem, s.bucket_for(problem.op))
+    fp = device_key(device)
+    store = entry = None
+    try:
+        store = cache.tuning_cache()
+        if s.tune == "autotune" or store.path.exists():
+            entry = store.get(fp, key)
+    except (OSError, sqlite3.Error) as exc:
+        log.warning("opruntime: tuning cache unusable (%s); selecting without it", exc)
+    if entry is not None:
+        match = [c for c in usable if c.kernel.name == entry.kernel and c.config == entry.config]
+        if match and match[0].kernel.source_hash == entry.source_hash:
+            times = {(r["kernel"], json.dumps(r["config"], sort_keys=True)): r for r in entry.candidates}
+            for c in usable:
+                r = times.get((c.kernel.name, json.dumps(c.config, sort_keys=True)))
+                if r is not None:
+                    c.measured = r.get("time_s")
+            rest = sorted((c for c in usable if c is not match[0]),
+                          key=lambda c: (c.measured if c.measured is not None else math.inf, c.cost))
+            when = time.strftime("%Y-%m-%d", time.localtime(entry.created))
+            return [match[0], *rest], f"tuned earlier ({when}; cached, {entry.time_s * 1e6:.1f} us)"
+    if s.tune != "autotune":
+        return None
+    order = tuning.autotune(problem, device, usable, budget_s=s.tune_budget, top_k=s.tune_top_k)
+    best = order[0] if order and order[0].measured is not None and math.isfinite(order[0].measured) else None
+    if best is None or best.status != "ok":
+        return None
+    n = sum(1 for c in order if c.measured is not None and math.isfinite(c.measured))
+    if store is not None:
         try:
-            first = prov.time(lambda: c.kernel.run(problem, c.config, *arrays), repeats=1, warmup=1)[0]
-            reps = 1 if first > 3 * best else max(3, min(50, int(0.05 / max(first, 1e-7))))
-            c.measured = float(np.median(prov.time(lambda: c.kernel.run(problem, c.config, *arrays), repeats=reps, warmup=0)))
-            best = min(best, c.measured)
-        except Exception as exc:
-            c.measured, c.status = math.inf, f"failed while tuning: {type(exc).__name__}: {exc}"
-    usable[:] = [c for c in usable if c.measured is not None and math.isfinite(c.measured)] or usable
+            store.put(cache.Entry(fp, key, best.kernel.name, dict(best.config), best.kernel.source_hash, best.measured,
+                                  [_record(c) for c in order], device.name))
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("opruntime: could not write the tuning cache (%s)", exc)
+    usable_order = [c for c in order if not c.status.startswith("failed")]
+    return usable_order, f"tuned now: fastest of {n} timed ({best.measured * 1e6:.1f} us)"
+
+
+def _record(c: Candidate) -> dict[str, Any]:
+    measured = c.measured if c.measured is not None and math.isfinite(c.measured) else None
+    return {"kernel": c.kernel.name, "config": dict(c.config), "time_s": measured, "status": c.status,
+            "vendor": c.kernel.vendor}
+
+
+_device_keys: dict[str, str] = {}
+
+
+def device_key(device: Device) -> str:
+    """The tuning-cache key of a device: its fingerprint plus the providing backend's version."""
+    key = _device_keys.get(device.name)
+    if key is None:
+        from . import cache
+        from .plugins import registry
+
+        rec = registry().plugin_of(device.name)
+        fp = {**device.provider.fingerprint(), "kind": device.kind,
+              "backend": f"{rec.name} {rec.version}" if rec else ""}
+        key = _device_keys[device.name] = cache.fingerprint_key(fp)
+    return key
 
 
 _announced: set[str] = set()

@@ -105,6 +105,7 @@ def _clean_config(monkeypatch, tmp_path):
 
     for var in list(config.ENV) + ["OPRUNTIME_CONFIG"]:
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPRUNTIME_CACHE_DIR", str(tmp_path / "cache"))  # never the user's tuning cache
     monkeypatch.chdir(tmp_path)
     config._code.clear()
     config.reload()

@@ -70,6 +70,8 @@ class Knob:
     fail: Exception | None = None
     delay: float = 0.0
     supports: bool = True
+    vendor: bool = False
+    source: str = "v1"
 
 
 @dataclass
@@ -115,7 +117,7 @@ class FakeBackend:
             return knob.cost
 
         return Kernel("matmul", f"fake.matmul.{n}", "fake", frozenset({"float32", "float64"}), run,
-                      supports=supports, cost=cost)
+                      supports=supports, cost=cost, vendor=knob.vendor, source=knob.source)
 
     def _softmax(self, problem: opr.Problem, config: Any, x: FakeArray) -> FakeArray:
         from opruntime.ops import OPS

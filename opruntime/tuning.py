@@ -1,0 +1,120 @@
+"""Measured selection: time the candidates of a problem on its device and keep the fastest.
+
+Used by the selector when ``tune = "autotune"`` and by ``opruntime tune``. For one problem:
+
+1. prune by the cost estimate to the ``tune_top_k`` cheapest candidates (vendor kernels always
+   stay, so a tuned choice is never slower than the vendor baseline beyond noise);
+2. time each with the device's own timer (``DeviceProvider.time``) on random normal inputs,
+   rotating several input sets when the problem fits in a cache;
+3. stop timing a candidate after one run when it is 3x slower than the best so far;
+4. stop the search when the per-problem budget (``tune_budget`` seconds) is spent.
+
+A candidate that fails to build or run scores as unusable, with the reason kept.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .kernels import Problem, c_strides, itemsize
+
+if TYPE_CHECKING:
+    from .devices import Device
+    from .selector import Candidate
+
+ROTATE_BELOW = 64 << 20  # problems smaller than this (bytes) fit in some cache: rotate input sets
+EARLY_STOP = 3.0  # stop timing a candidate this many times slower than the best so far
+
+
+def bucket(n: int) -> int:
+    """The power-of-two bucket of one dimension (0 and 1 stay themselves)."""
+    return n if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def problem_key(problem: Problem, mode: str = "exact") -> str:
+    """The cache key of a problem: exact, or with each dim rounded up to a power of two (and
+    strides reduced to contiguous / strided), so that changing shapes share tuning results."""
+    if mode == "exact":
+        return problem.key
+    shapes = tuple(tuple(bucket(n) for n in s) for s in problem.shapes)
+    layout = ",".join("c" if st is None or st == c_strides(sh) else "s"
+                      for sh, st in zip(problem.shapes, problem.strides))
+    attrs = repr(sorted(problem.attrs.items()))
+    return f"{problem.op}|pow2{shapes}|{','.join(problem.dtypes)}|{layout}|{attrs}"
+
+
+def random_inputs(problem: Problem, device: Device, sets: int = 1, seed: int = 0) -> list[list[Any]]:
+    """``sets`` lists of random normal (never zero) operands for ``problem`` on ``device``."""
+    rng = np.random.default_rng(seed)
+    prov = device.provider
+    out = []
+    for _ in range(sets):
+        arrays = []
+        for shape in problem.shapes:
+            host = rng.standard_normal(shape).astype(np.float32 if problem.dtype == "bfloat16" else problem.dtype)
+            data = prov.from_host(host)
+            if problem.dtype == "bfloat16":
+                import ml_dtypes
+
+                data = prov.astype(data, np.dtype(ml_dtypes.bfloat16))
+            arrays.append(data)
+        out.append(arrays)
+    return out
+
+
+def input_sets(problem: Problem) -> int:
+    """How many input sets to rotate so repeated runs do not time a warm cache."""
+    nbytes = sum(math.prod(s) for s in problem.shapes) * itemsize(problem.dtype)
+    if nbytes == 0 or nbytes >= ROTATE_BELOW:
+        return 1
+    return int(min(4, math.ceil(ROTATE_BELOW / nbytes)))
+
+
+def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], *, budget_s: float = 2.0,
+             top_k: int = 8, target_s: float = 0.02, progress: Any = None) -> list[Candidate]:
+    """Time ``candidates`` (mutated: ``measured`` and ``status`` set) and return them fastest first;
+    untimed or failed candidates follow in estimate order."""
+    ranked = sorted(candidates, key=lambda c: c.cost)
+    keep = ranked[:top_k] + [c for c in ranked[top_k:] if c.kernel.vendor]
+    for c in ranked:
+        if c not in keep:
+            c.status = f"pruned: not in the {top_k} lowest estimates"
+    prov = device.provider
+    sets = random_inputs(problem, device, input_sets(problem))
+    start = time.perf_counter()
+    best = math.inf
+    for i, c in enumerate(keep):
+        if progress is not None:
+            progress(i, len(keep), c)
+        if time.perf_counter() - start > budget_s:
+            c.status = f"not timed: the {budget_s:g} s tuning budget was spent"
+            continue
+        turn = [0]
+
+        def call(c: Candidate = c) -> Any:
+            arrays = sets[turn[0] % len(sets)]
+            turn[0] += 1
+            return c.kernel.run(problem, c.config, *arrays)
+
+        try:
+            first = min(prov.time(call, repeats=1, warmup=1))  # the warm-up builds and caches
+            if first > EARLY_STOP * best:
+                c.measured, c.status = first, f"stopped early: {first / best:.1f}x slower than the best so far"
+                continue
+            reps = max(3, min(25, int(target_s / max(first, 1e-7))))
+            remaining = budget_s - (time.perf_counter() - start)
+            reps = max(1, min(reps, int(remaining / max(first, 1e-7)))) if remaining > 0 else 1
+            c.measured = statistics.median(prov.time(call, repeats=reps, warmup=0))
+            best = min(best, c.measured)
+        except Exception as exc:
+            c.measured, c.status = math.inf, f"failed while tuning: {type(exc).__name__}: {exc}"
+    timed = sorted((c for c in keep if c.measured is not None and math.isfinite(c.measured) and c.status == "ok"),
+                   key=lambda c: c.measured)
+    rest = [c for c in ranked if c not in timed]
+    return timed + rest

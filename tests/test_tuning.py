@@ -1,0 +1,199 @@
+"""Autotuning and the persistent tuning cache, with the fake backend's controllable timings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import opruntime as opr
+from opruntime import cache, selector, tuning
+from opruntime.errors import FallbackWarning
+
+
+def operands(rng, m=4, k=5, n=3, device="fake:0"):
+    return (opr.tensor(rng.standard_normal((m, k)).astype(np.float32), device=device),
+            opr.tensor(rng.standard_normal((k, n)).astype(np.float32), device=device))
+
+
+def delays(fake, **d):
+    for name, delay in d.items():
+        fake.knobs[name].delay = delay
+
+
+def forget_decisions():
+    """A fresh process as far as the in-memory decisions go (the sqlite file stays)."""
+    selector.clear_cache()
+
+
+def test_fastest_wins_and_is_stored(fake, rng):
+    delays(fake, a=0.003, b=0.0, c=0.001)
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    opr.matmul(a, b)
+    assert fake.calls["run:b"] >= 2
+    entries = list(cache.tuning_cache().entries())
+    assert len(entries) == 1 and entries[0].kernel == "fake.matmul.b" and entries[0].device_name == "fake:0"
+    assert {c["kernel"] for c in entries[0].candidates} == {"fake.matmul.a", "fake.matmul.b", "fake.matmul.c"}
+
+
+def test_cached_result_is_reused_without_timing(fake, rng):
+    delays(fake, a=0.003, b=0.0, c=0.001)
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    opr.matmul(a, b)
+    forget_decisions()
+    runs = lambda: {k: v for k, v in fake.calls.items() if k.startswith("run:")}  # noqa: E731
+    before = runs()
+    e = opr.explain("matmul", a, b)
+    assert e.chosen == "fake.matmul.b" and "tuned earlier" in e.why
+    assert runs() == before  # no kernel ran: the answer came from the file
+    opr.configure(tune="heuristic")  # the heuristic mode reads the cache too
+    forget_decisions()
+    assert "tuned earlier" in opr.explain("matmul", a, b).why
+
+
+def test_source_change_invalidates(fake, rng):
+    delays(fake, a=0.003, b=0.0, c=0.001)
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    opr.matmul(a, b)
+    fake.knobs["b"].source = "v2"  # a new kernel source: the old result must not be trusted
+    opr.unregister("fake")
+    opr.register(fake, name="fake")
+    a, b = operands(rng)
+    runs = fake.calls["run:b"]
+    assert "tuned now" in opr.explain("matmul", a, b).why
+    assert fake.calls["run:b"] > runs
+
+
+def test_failing_candidate_scores_unusable(fake, rng):
+    fake.knobs["b"].fail = RuntimeError("bad launch")
+    delays(fake, a=0.002, c=0.0)
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    e = opr.explain("matmul", a, b)
+    assert e.chosen == "fake.matmul.c"
+    status = {c.kernel.name: c.status for c in e.candidates}
+    assert status["fake.matmul.b"].startswith("failed while tuning: RuntimeError: bad launch")
+    stored = next(cache.tuning_cache().entries())
+    assert any(c["status"].startswith("failed") and c["time_s"] is None for c in stored.candidates)
+
+
+def test_early_stop_and_budget(fake, rng):
+    delays(fake, a=0.0, b=0.02, c=0.0)
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    e = opr.explain("matmul", a, b)
+    status = {c.kernel.name: c.status for c in e.candidates}
+    assert status["fake.matmul.b"].startswith("stopped early")
+    assert fake.calls["run:b"] == 2  # one warm-up, one timed run, then dropped
+    opr.configure(tune_budget=0.05)
+    delays(fake, a=0.03, b=0.03, c=0.03)
+    a, b = operands(rng, m=6)
+    e = opr.explain("matmul", a, b)
+    assert any(c.status.startswith("not timed: the 0.05 s tuning budget") for c in e.candidates)
+
+
+def test_top_k_keeps_vendor(fake, rng):
+    fake.knobs["c"].vendor = True  # the highest estimate, but the vendor baseline
+    opr.unregister("fake")
+    opr.register(fake, name="fake")
+    opr.configure(tune="autotune", tune_top_k=1)
+    a, b = operands(rng)
+    status = {c.kernel.name: c.status for c in opr.explain("matmul", a, b).candidates}
+    assert status["fake.matmul.b"].startswith("pruned")
+    assert status["fake.matmul.a"] == "ok" and status["fake.matmul.c"] == "ok"
+
+
+def test_ties_give_a_stable_choice(fake, rng):
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    first = opr.explain("matmul", a, b).chosen
+    forget_decisions()
+    assert opr.explain("matmul", a, b).chosen == first
+
+
+@pytest.mark.parametrize("n,bucketed", [(0, 0), (1, 1), (2, 2), (3, 4), (64, 64), (65, 128), (1000, 1024)])
+def test_bucket(n, bucketed):
+    assert tuning.bucket(n) == bucketed
+
+
+def test_pow2_buckets_share_results(fake, rng):
+    opr.configure(tune="autotune", ops={"matmul": {"bucket": "pow2"}})
+    delays(fake, a=0.002, b=0.0, c=0.002)
+    opr.matmul(*operands(rng, m=5, k=6, n=7))
+    delays(fake, a=0.0, b=0.002, c=0.002)  # would now tune differently...
+    e = opr.explain("matmul", *operands(rng, m=7, k=8, n=5))  # ...but (7,8,5) shares (5,6,7)'s bucket
+    assert e.chosen == "fake.matmul.b" and "tuned earlier" in e.why
+    assert len(list(cache.tuning_cache().entries())) == 1
+
+
+def test_corrupt_cache_is_moved_aside(fake, rng, tmp_path):
+    path = cache.tuning_cache().path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"this is not a database" * 100)
+    cache._caches.clear()
+    opr.configure(tune="autotune")
+    with pytest.warns(FallbackWarning, match="is not a valid cache .* moved it to"):
+        opr.matmul(*operands(rng))
+    assert list(path.parent.glob("tuning.sqlite.corrupt-*"))
+    assert len(list(cache.tuning_cache().entries())) == 1
+
+
+def test_truncated_cache_is_moved_aside(fake, rng):
+    opr.configure(tune="autotune")
+    opr.matmul(*operands(rng))
+    store = cache.tuning_cache()
+    store.close()
+    for extra in ("-wal", "-shm"):
+        p = store.path.with_name(store.path.name + extra)
+        if p.exists():
+            p.unlink()
+    data = store.path.read_bytes()
+    store.path.write_bytes(data[: len(data) // 3])
+    cache._caches.clear()
+    forget_decisions()
+    with pytest.warns(FallbackWarning, match="not a valid cache"):
+        opr.matmul(*operands(rng, m=9))
+    assert cache.tuning_cache().get(selector.device_key(opr.Device("fake:0")), "nothing") is None
+
+
+def test_export_import(fake, rng, tmp_path):
+    opr.configure(tune="autotune")
+    opr.matmul(*operands(rng))
+    out = tmp_path / "tuned.json"
+    assert cache.tuning_cache().export(out) == 1
+    assert json.loads(out.read_text())["entries"][0]["kernel"].startswith("fake.matmul.")
+    cache.tuning_cache().clear()
+    assert cache.tuning_cache().import_(out) == 1
+    with pytest.raises(ValueError, match="not an opruntime tuning-cache export"):
+        (tmp_path / "bad.json").write_text("{}")
+        cache.tuning_cache().import_(tmp_path / "bad.json")
+
+
+def test_two_processes_tune_into_one_file(tmp_path):
+    script = textwrap.dedent("""
+        import sys, numpy as np, opruntime as opr
+        sys.path.insert(0, sys.argv[1])
+        from fake_backend import FakeBackend
+        opr.register(FakeBackend(), name="fake")
+        opr.configure(tune="autotune", cache_dir=sys.argv[2])
+        rng = np.random.default_rng(int(sys.argv[3]))
+        for m in range(1, 25):
+            a = opr.tensor(rng.standard_normal((m, 4)).astype(np.float32), device="fake:0")
+            opr.matmul(a, np.ones((4, 3), np.float32))
+    """)
+    tests_dir = str(__import__("pathlib").Path(__file__).parent)
+    procs = [subprocess.Popen([sys.executable, "-c", script, tests_dir, str(tmp_path / "shared"), str(i)],
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    entries = list(cache.TuningCache(tmp_path / "shared" / cache.FILENAME).entries())
+    assert len(entries) == 24  # both wrote the same 24 problems; no error, no lost or broken row
+    assert all(e.kernel.startswith("fake.matmul.") for e in entries)
