@@ -1,0 +1,258 @@
+// fp16 / bf16 GEMM on the tensor cores (mma.sync m16n8k16, fp32 accumulation):
+// C[b] = A[b] @ B[b], A (M x K), B (K x N), C (M x N) contiguous, all of one 16-bit type.
+//
+// Each block computes a BM x BN tile of C. K is walked in steps of BK through STAGES
+// shared-memory stages filled by cp.async (16-byte copies, zero-filled past the edges), so
+// STAGES-1 tiles are in flight while one is multiplied. Shared tiles are stored with their
+// contiguous index along rows of 16-byte chunks, XOR-swizzled so that ldmatrix (8 rows x 16
+// bytes per matrix) hits 8 distinct bank groups. Each warp owns a WM x WN piece: WM/16 x WN/8
+// mma tiles whose fragments come from ldmatrix (.trans where the tile is stored transposed).
+//
+// Layouts (compile-time): A_KCONTIG: A's k index is contiguous, else m. B_NCONTIG: B's n index
+// is contiguous, else k. VEC_A / VEC_B 1: cp.async 16-byte copies (needs the contiguous extents and other
+// strides to be multiples of 8 and 16-byte-aligned bases: matmul.py checks); 0: element
+// loads with any strides (VEC_x 0: synchronous, for odd shapes and strided views).
+#include "common.cuh"
+
+#ifndef BM
+#define BM 128
+#define BN 256
+#define BK 32
+#define WM 64
+#define WN 64
+#define STAGES 4
+#endif
+#ifndef A_KCONTIG
+#define A_KCONTIG 1
+#endif
+#ifndef B_NCONTIG
+#define B_NCONTIG 1
+#endif
+#ifndef VEC_A
+#define VEC_A 1
+#endif
+#ifndef VEC_B
+#define VEC_B 1
+#endif
+#ifndef BF16
+#define BF16 0
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+
+#define NT ((BM / WM) * (BN / WN) * 32)
+#define MI (WM / 16)
+#define NI (WN / 8)
+// shared tiles: rows x cols, cols contiguous
+#define A_ROWS (A_KCONTIG ? BM : BK)
+#define A_COLS (A_KCONTIG ? BK : BM)
+#define B_ROWS (B_NCONTIG ? BK : BN)
+#define B_COLS (B_NCONTIG ? BN : BK)
+#define A_TILE (BM * BK)
+#define B_TILE (BK * BN)
+#define A_CHUNKS (A_TILE / 8)
+#define B_CHUNKS (B_TILE / 8)
+
+static_assert(BK % 16 == 0 && WM % 16 == 0 && WN % 16 == 0, "mma tiles");
+static_assert(A_CHUNKS % NT == 0 && B_CHUNKS % NT == 0, "whole chunks per thread");
+static_assert(A_COLS % 16 == 0 && B_COLS % 16 == 0, "rows of at least two chunks");
+
+// Physical chunk of logical chunk c in row r of a tile with CH 16-byte chunks per row.
+template <int CH>
+__device__ __forceinline__ int swz(int r, int c) {
+    if constexpr (CH >= 8) return c ^ (r & 7);
+    else if constexpr (CH == 4) return c ^ ((r >> 1) & 3);
+    else return c ^ ((r >> 2) & 1);
+}
+
+// Load one stage: rows x cols tile of one operand. (r, c) in the tile are (i, j) in global
+// memory with i along the rows' index (stride s_row) and j along the contiguous index.
+template <int ROWS, int COLS, int VEC>
+__device__ __forceinline__ void load_tile(bits16* s, const bits16* g, i64 s_row, i64 s_col, int rows_left,
+                                          int cols_left, int tid) {
+    constexpr int CH = COLS / 8, PER = ROWS * CH / NT;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = tid + i * NT, r = e / CH, c = e % CH;
+        bits16* dst = s + r * COLS + swz<CH>(r, c) * 8;
+        const bool rok = r < rows_left;
+        if (VEC) {
+            const bool ok = rok && c * 8 < cols_left;
+            cp_async16(smem_addr(dst), ok ? g + r * s_row + c * 8 : g, ok);
+        } else {
+        bits16 v[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const bool ok = rok && c * 8 + q < cols_left;
+            v[q] = ok ? g[r * s_row + (i64)(c * 8 + q) * s_col] : (bits16)0;
+        }
+        uint4 w;
+        w.x = v[0] | ((unsigned)v[1] << 16); w.y = v[2] | ((unsigned)v[3] << 16);
+        w.z = v[4] | ((unsigned)v[5] << 16); w.w = v[6] | ((unsigned)v[7] << 16);
+        *reinterpret_cast<uint4*>(dst) = w;
+        }
+    }
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+#if BF16
+    return pack_bf16x2(lo, hi);
+#else
+    return pack_f16x2(lo, hi);
+#endif
+}
+__device__ __forceinline__ bits16 to16(float x) {
+#if BF16
+    return f32_to_bf16(x);
+#else
+    return f32_to_f16(x);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
+hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __restrict__ C,
+      i64 M_, i64 N_, i64 K_, i64 sam, i64 sak, i64 sbk, i64 sbn,
+      i64 z0, i64 d1, i64 d0, i64 sa2, i64 sa1, i64 sa0, i64 sb2, i64 sb1, i64 sb0) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bits16* sA = reinterpret_cast<bits16*>(smem_raw);
+    bits16* sB = sA + STAGES * A_TILE;
+    const int M = (int)M_, N = (int)N_, K = (int)K_;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int pid = blockIdx.x, per_group = GROUP_M * tiles_n;
+    const int first_m = (pid / per_group) * GROUP_M;
+    const int gsize = min(tiles_m - first_m, GROUP_M);
+    const int m0 = (first_m + (pid % per_group) % gsize) * BM;
+    const int n0 = ((pid % per_group) / gsize) * BN;
+    const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
+
+    const i64 bz = z0 + blockIdx.z;
+    const i64 b0 = bz % d0, b1 = (bz / d0) % d1, b2 = bz / (d0 * d1);
+    const bits16* Ab = A + b2 * sa2 + b1 * sa1 + b0 * sa0 + (i64)m0 * sam;
+    const bits16* Bb = B + b2 * sb2 + b1 * sb1 + b0 * sb0 + (i64)n0 * sbn;
+    bits16* Cb = C + bz * (i64)M * N;
+
+    const int ktiles = (K + BK - 1) / BK;
+    auto load_stage = [&](int stage, int kt) {
+        const int k0 = kt * BK;
+#if A_KCONTIG
+        load_tile<BM, BK, VEC_A>(sA + stage * A_TILE, Ab + (i64)k0 * sak, sam, sak, M - m0, K - k0, tid);
+#else
+        load_tile<BK, BM, VEC_A>(sA + stage * A_TILE, Ab + (i64)k0 * sak, sak, sam, K - k0, M - m0, tid);
+#endif
+#if B_NCONTIG
+        load_tile<BK, BN, VEC_B>(sB + stage * B_TILE, Bb + (i64)k0 * sbk, sbk, sbn, K - k0, N - n0, tid);
+#else
+        load_tile<BN, BK, VEC_B>(sB + stage * B_TILE, Bb + (i64)k0 * sbk, sbn, sbk, N - n0, K - k0, tid);
+#endif
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ktiles) load_stage(s, s);
+        cp_async_commit();
+    }
+
+    const int q = lane >> 3, l8 = lane & 7;
+    const unsigned sA0 = smem_addr(sA), sB0 = smem_addr(sB);
+    for (int t = 0; t < ktiles; ++t) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (t + STAGES - 1 < ktiles) load_stage((t + STAGES - 1) % STAGES, t + STAGES - 1);
+        cp_async_commit();
+
+        const int stage = t % STAGES;
+        const unsigned a_base = sA0 + stage * A_TILE * 2, b_base = sB0 + stage * B_TILE * 2;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            unsigned af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+#if A_KCONTIG
+                const int r = wm0 + i * 16 + (q & 1) * 8 + l8, c = kk * 2 + (q >> 1);
+                ldsm_x4(af[i], a_base + (r * A_COLS + swz<A_COLS / 8>(r, c) * 8) * 2);
+#else
+                const int r = kk * 16 + (q >> 1) * 8 + l8, c = (wm0 + i * 16) / 8 + (q & 1);
+                ldsm_x4_t(af[i], a_base + (r * A_COLS + swz<A_COLS / 8>(r, c) * 8) * 2);
+#endif
+            }
+#pragma unroll
+            for (int j = 0; j < NI / 2; ++j) {
+                unsigned x[4];
+#if B_NCONTIG
+                const int r = kk * 16 + (q & 1) * 8 + l8, c = (wn0 + j * 16) / 8 + (q >> 1);
+                ldsm_x4_t(x, b_base + (r * B_COLS + swz<B_COLS / 8>(r, c) * 8) * 2);
+#else
+                const int r = wn0 + j * 16 + (q >> 1) * 8 + l8, c = kk * 2 + (q & 1);
+                ldsm_x4(x, b_base + (r * B_COLS + swz<B_COLS / 8>(r, c) * 8) * 2);
+#endif
+                bf[2 * j][0] = x[0]; bf[2 * j][1] = x[1]; bf[2 * j + 1][0] = x[2]; bf[2 * j + 1][1] = x[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j) mma16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // Epilogue: each mma tile gives a thread rows g and g+8, columns 2c and 2c+1.
+    const bool pairs = (N & 1) == 0;
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = m0 + wm0 + i * 16 + g + h * 8;
+            if (m >= M) continue;
+            bits16* crow = Cb + (i64)m * N;
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const int n = n0 + wn0 + j * 8 + c2;
+                const float lo = acc[i][j][h * 2], hi = acc[i][j][h * 2 + 1];
+                if (pairs) {
+                    if (n < N) *reinterpret_cast<unsigned*>(crow + n) = pack2(lo, hi);
+                } else {
+                    if (n < N) crow[n] = to16(lo);
+                    if (n + 1 < N) crow[n + 1] = to16(hi);
+                }
+            }
+        }
+    }
+}

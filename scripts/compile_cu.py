@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Compile every CUDA source of the backends for sm_90 and sm_80, without a GPU and without CuPy.
+
+    python scripts/compile_cu.py            # every backends/**/*.cu
+    python scripts/compile_cu.py -v         # also print each variant's registers / spills
+    python scripts/compile_cu.py FILE.cu    # some files only
+
+A module beside a ``.cu`` file may define ``build_variants() -> [(filename, defines), ...]``
+(``opruntime_cupy.matmul`` does): each listed variant is compiled with its ``-D`` defines, so
+every config the Python registers is checked. A file no module lists is compiled once with no
+defines (its own ``#ifndef`` defaults). Uses ``nvcc -cubin`` when nvcc is on PATH, else NVRTC
+through ctypes (libnvrtc); with neither it says so and exits 0 (there is nothing to check with).
+Exits non-zero on any compile error; one summary line per file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = ("90", "80")
+
+
+def variants_by_file(files: list[Path]) -> dict[Path, list[dict]]:
+    """Every file's variants: from its package's ``build_variants()`` functions, else [{}]."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "backends")]
+    out: dict[Path, list[dict]] = {f: [] for f in files}
+    for pkg_dir in sorted({f.parent for f in files}):
+        for py in sorted(pkg_dir.glob("*.py")):
+            if py.name == "__init__.py":
+                continue
+            modname = f"{pkg_dir.name}.{py.stem}"
+            try:
+                src = py.read_text()
+                if "def build_variants" not in src:
+                    continue
+                mod = importlib.import_module(modname)
+                for name, defines in mod.build_variants():
+                    path = pkg_dir / name
+                    if path in out:
+                        out[path].append(dict(defines))
+            except Exception as exc:  # a broken module is an error CI must see
+                print(f"FAIL {py.relative_to(ROOT)}: build_variants() failed: {type(exc).__name__}: {exc}")
+                out.setdefault(py, []).append({"__error__": str(exc)})
+    return {f: (v or [{}]) for f, v in out.items()}
+
+
+def _flag(name: str, value: object) -> str:
+    return f"-D{name}={int(value) if isinstance(value, bool) else value}"
+
+
+def nvcc(file: Path, arch: str, defines: dict) -> tuple[bool, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["nvcc", f"-arch=sm_{arch}", "-cubin", "--std=c++17", "-Xptxas", "-v", "-I", str(file.parent),
+               *[_flag(k, v) for k, v in defines.items()], "-o", os.path.join(tmp, "out.cubin"), str(file)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    return res.returncode == 0, res.stdout + res.stderr
+
+
+class Nvrtc:
+    """NVRTC through ctypes: compile a source to a cubin and return the log."""
+
+    def __init__(self) -> None:
+        name = ctypes.util.find_library("nvrtc")
+        candidates = [name] if name else []
+        candidates += ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]
+        self.lib = None
+        for c in candidates:
+            try:
+                self.lib = ctypes.CDLL(c)
+                break
+            except OSError:
+                continue
+        if self.lib is None:
+            raise OSError("libnvrtc not found")
+
+    def __call__(self, file: Path, arch: str, defines: dict) -> tuple[bool, str]:
+        text = _inline(file)
+        head = "".join(f"#define {k} {int(v) if isinstance(v, bool) else v}\n" for k, v in defines.items())
+        prog = ctypes.c_void_p()
+        src = (head + text).encode()
+        self.lib.nvrtcCreateProgram(ctypes.byref(prog), src, file.name.encode(), 0, None, None)
+        opts = [b"--std=c++17", f"-arch=sm_{arch}".encode()]
+        arr = (ctypes.c_char_p * len(opts))(*opts)
+        rc = self.lib.nvrtcCompileProgram(prog, len(opts), arr)
+        size = ctypes.c_size_t()
+        self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        self.lib.nvrtcGetProgramLog(prog, log)
+        self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        return rc == 0, log.value.decode(errors="replace")
+
+
+def _inline(file: Path, seen: set | None = None) -> str:
+    seen = set() if seen is None else seen
+    seen.add(file.name)
+
+    def sub(m: re.Match) -> str:
+        inc = file.parent / m.group(1)
+        if not inc.is_file():
+            return m.group(0)
+        return "" if inc.name in seen else _inline(inc, seen)
+
+    return re.sub(r'^\s*#\s*include\s+"([^"]+)"\s*$', sub, file.read_text(), flags=re.M)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="*", type=Path)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    files = [f.resolve() for f in args.files] or sorted((ROOT / "backends").rglob("*.cu"))
+    if shutil.which("nvcc"):
+        compiler, tool = nvcc, "nvcc"
+    else:
+        try:
+            compiler, tool = Nvrtc(), "nvrtc"
+        except OSError:
+            print(f"compile_cu: neither nvcc nor libnvrtc found; {len(files)} .cu file(s) not checked")
+            return 0
+    variants = variants_by_file(files)
+    jobs = [(f, arch, d) for f in files for d in variants[f] for arch in ARCHS if "__error__" not in d]
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(lambda j: (j, compiler(*j)), jobs))
+    failed = any("__error__" in d for v in variants.values() for d in v)
+    for f in files:
+        mine = [(j, r) for j, r in results if j[0] == f]
+        bad = [(j, r) for j, r in mine if not r[0]]
+        regs = [int(x) for _, (ok, log) in mine for x in re.findall(r"Used (\d+) registers", log)]
+        spills = [int(x) for _, (ok, log) in mine for x in re.findall(r"(\d+) bytes spill stores", log)]
+        facts = f"max {max(regs)} registers, max {max(spills)} B spilled" if regs and spills else ""
+        rel = f.relative_to(ROOT) if f.is_relative_to(ROOT) else f
+        status = "FAIL" if bad else "ok  "
+        print(f"{status} {rel}: {len(variants[f])} variant(s) x sm_{'/sm_'.join(ARCHS)} with {tool}"
+              + (f"; {facts}" if facts else "") + (f"; {len(bad)} failed" if bad else ""))
+        for (file, arch, d), (ok, log) in bad[:3]:
+            print(f"  sm_{arch} {' '.join(_flag(k, v) for k, v in d.items())}\n" + "\n".join(
+                "    " + line for line in log.strip().splitlines()[:20]))
+        if args.verbose:
+            for (file, arch, d), (ok, log) in mine:
+                r = re.findall(r"Used (\d+) registers", log)
+                s = re.findall(r"(\d+) bytes spill stores", log)
+                print(f"    sm_{arch} {r} regs, {s} B spills: {' '.join(_flag(k, v) for k, v in d.items())}")
+        failed |= bool(bad)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

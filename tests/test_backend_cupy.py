@@ -1,0 +1,307 @@
+"""The CUDA backend (opruntime_cupy): its device provider, its build helper and every matmul
+kernel x config against float64 references.
+
+GPU tests carry ``@pytest.mark.gpu`` and skip with the reason when CuPy or a GPU is missing; the
+tests without the marker (source loading, the missing-CuPy path) run everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pytest
+from conftest import TOLERANCE, rel_err
+
+import opruntime as opr
+from opruntime.errors import BackendUnavailable, FallbackWarning, KernelCompileError, OutOfMemoryError
+from opruntime.kernels import Kernel, Problem
+from opruntime.ops.matmul import MATMUL
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import cupy
+    except Exception as exc:
+        return f"cupy not installed ({exc})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"no CUDA device: {exc}"
+    return None if n else "no CUDA device"
+
+
+@pytest.fixture(scope="module")
+def cp():
+    reason = _gpu_reason()
+    if reason:
+        pytest.skip(reason)
+    import cupy
+
+    return cupy
+
+
+# -- no GPU needed ---------------------------------------------------------------------------
+def test_source_inlines_local_includes_and_injects_defines():
+    from opruntime_cupy import compile
+
+    text = compile.render("matmul_sgemm.cu", {"BM": 64, "VEC_A": True})
+    assert text.startswith("#define BM 64\n#define VEC_A 1\n")
+    assert "cp_async16" in text and '#include "common.cuh"' not in text  # common.cuh inlined
+    with pytest.raises(ValueError, match="bad #define name"):
+        compile.render("matmul_sgemm.cu", {"not a name": 1})
+
+
+def test_missing_cupy_is_reported_as_unavailable(monkeypatch):
+    from opruntime_cupy import memory
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    with pytest.raises(BackendUnavailable, match="cupy not installed") as info:
+        memory.devices()
+    assert info.value.kinds == ("cuda",)
+
+
+def test_kernel_table_is_cheap_and_complete():
+    from opruntime_cupy import matmul
+
+    names = {k.name for k in matmul.kernels()}
+    assert {"cupy.matmul.cublas", "cupy.matmul.simt", "cupy.matmul.simt_generic", "cupy.matmul.mma",
+            "cupy.matmul.mma_generic"} <= names
+    assert all(f in {f for f, _ in matmul.build_variants()} for f in ("matmul_sgemm.cu", "matmul_hgemm.cu"))
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def problem_of(a, b, device: str = "cuda:0") -> Problem:
+    """The Problem the frontend builds for matmul(a, b) on device arrays of equal rank >= 2."""
+    norm = MATMUL.normalize([a.shape, b.shape], {})
+    dt = a.dtype.name
+    strides = tuple(tuple(s // x.dtype.itemsize for s in x.strides) for x in (a, b))
+    return Problem("matmul", device, norm.shapes, (dt, dt), strides, norm.attrs, norm.out_shape, dt)
+
+
+def host_dtype(dtype: str):
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def randn(cp, shape, dtype, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    if dtype == "bfloat16":
+        from opruntime_cupy import memory
+
+        if memory.bfloat16() is None:
+            pytest.skip("CuPy cannot hold bfloat16 arrays here")
+    return cp.asarray(x.astype(host_dtype(dtype)))
+
+
+def poison(cp, nbytes: int) -> None:
+    """Leave NaNs in the memory pool's next blocks, so unwritten outputs show up."""
+    junk = cp.full(max(nbytes // 4, 1) + 64, np.nan, np.float32)
+    del junk
+
+
+def reference(a, b) -> np.ndarray:
+    import cupy
+
+    ah = cupy.asnumpy(a).astype(np.float64)
+    bh = cupy.asnumpy(b).astype(np.float64)
+    return np.matmul(ah, bh)
+
+
+def check_kernel(cp, kernel: Kernel, cfg, a, b, dtype: str) -> None:
+    p = problem_of(a, b)
+    assert kernel.supports(p), f"{kernel.name} declines {p}"
+    poison(cp, math.prod(p.out_shape) * a.dtype.itemsize)
+    out = kernel.run(p, cfg, a, b)
+    assert out.shape == p.out_shape and out.dtype == a.dtype
+    err = rel_err(cp.asnumpy(out).astype(np.float64), reference(a, b))
+    assert err <= TOLERANCE[dtype], f"{kernel.name}[{cfg.get('tile')}] {p}: rel err {err:.2e}"
+
+
+def kernel(name: str) -> Kernel:
+    from opruntime_cupy import matmul
+
+    return next(k for k in matmul.kernels() if k.name == name)
+
+
+def configs(name: str) -> list:
+    from opruntime_cupy import matmul
+
+    return list(matmul.SIMT_CONFIGS if "simt" in name else matmul.MMA_CONFIGS)
+
+
+def _ids(cfgs):
+    return [c["tile"] for c in cfgs]
+
+
+FAMILIES = [("cupy.matmul.simt", "float32"), ("cupy.matmul.simt_generic", "float32"),
+            ("cupy.matmul.mma", "float16"), ("cupy.matmul.mma", "bfloat16"),
+            ("cupy.matmul.mma_generic", "float16"), ("cupy.matmul.mma_generic", "bfloat16")]
+CASES = [  # (batch shape of a, batch of b, M, K, N): odd sizes, size 1, batches and broadcasts
+    ((), (), 1, 8, 8), ((), (), 8, 8, 1), ((), (), 136, 72, 200), ((), (), 257, 264, 136),
+    ((3,), (3,), 64, 40, 72), ((2, 1), (1, 3), 40, 24, 48), ((5,), (), 16, 32, 8),
+]
+ODD_CASES = [((), (), 1, 1, 1), ((), (), 7, 13, 5), ((), (), 129, 67, 131), ((2, 1), (3,), 33, 17, 65)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype", FAMILIES, ids=[f"{n.split('.')[-1]}-{d}" for n, d in FAMILIES])
+def test_every_config_aligned_shapes(cp, name, dtype):
+    rng = np.random.default_rng()
+    k = kernel(name)
+    for cfg in configs(name):
+        for ba, bb, m, kk, n in CASES:
+            a, b = randn(cp, (*ba, m, kk), dtype, rng), randn(cp, (*bb, kk, n), dtype, rng)
+            if a.ndim != b.ndim:
+                a = a.reshape((1,) * (b.ndim - a.ndim) + a.shape)
+                b = b.reshape((1,) * (a.ndim - b.ndim) + b.shape)
+            check_kernel(cp, k, cfg, a, b, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype", [f for f in FAMILIES if "generic" in f[0]],
+                         ids=lambda x: str(x).split(".")[-1])
+def test_generic_odd_shapes(cp, name, dtype):
+    rng = np.random.default_rng()
+    k = kernel(name)
+    for cfg in configs(name):
+        for ba, bb, m, kk, n in ODD_CASES:
+            a = randn(cp, (*ba, m, kk), dtype, rng)
+            b = randn(cp, (*bb, kk, n), dtype, rng)
+            nd = max(a.ndim, b.ndim)
+            a, b = a.reshape((1,) * (nd - a.ndim) + a.shape), b.reshape((1,) * (nd - b.ndim) + b.shape)
+            check_kernel(cp, k, cfg, a, b, dtype)
+
+
+def _views(cp, dtype, rng, m, k, n):
+    """(name, a, b) operand pairs that are views: transposed, strided, reversed, offset."""
+    def r(*shape):
+        return randn(cp, shape, dtype, rng)
+
+    return [
+        ("A^T", r(k, m).T, r(k, n)),
+        ("B^T", r(m, k), r(n, k).T),
+        ("A^T B^T", r(k, m).T, r(n, k).T),
+        ("A[:, ::2]", r(m, 2 * k)[:, ::2], r(k, n)),
+        ("B[::-1]", r(m, k), r(k, n)[::-1]),
+        ("A offset", r(m, k + 8)[:, 1:k + 1], r(k, n)),  # misaligned base: the slow launch
+        ("batch^T", r(3, k, m).transpose(0, 2, 1), r(3, n, k).transpose(0, 2, 1)),
+        ("broadcast batch", cp.broadcast_to(r(1, m, k), (4, m, k)), r(4, k, n)),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_views_without_copies(cp, dtype):
+    rng = np.random.default_rng()
+    fast, generic = ("simt", "simt_generic") if dtype == "float32" else ("mma", "mma_generic")
+    kf, kg = kernel(f"cupy.matmul.{fast}"), kernel(f"cupy.matmul.{generic}")
+    for m, k, n in ((64, 32, 96), (37, 21, 19)):
+        for label, a, b in _views(cp, dtype, rng, m, k, n):
+            p = problem_of(a, b)
+            assert kg.supports(p), label
+            check_kernel(cp, kg, configs(generic)[0], a, b, dtype)
+            if kf.supports(p):  # the vectorized path takes what it can, the rest falls to generic
+                check_kernel(cp, kf, configs(fast)[0], a, b, dtype)
+
+
+@pytest.mark.gpu
+def test_vectorized_path_declines_what_it_cannot_load(cp):
+    rng = np.random.default_rng()
+    kf = kernel("cupy.matmul.simt")
+    a, b = randn(cp, (7, 13), "float32", rng), randn(cp, (13, 5), "float32", rng)
+    assert not kf.supports(problem_of(a, b))
+    assert kernel("cupy.matmul.simt_generic").supports(problem_of(a, b))
+    a, b = randn(cp, (64, 64), "float32", rng), randn(cp, (64, 64), "float32", rng)
+    assert kf.supports(problem_of(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_cublas_baseline(cp, dtype):
+    rng = np.random.default_rng()
+    k = kernel("cupy.matmul.cublas")
+    a, b = randn(cp, (2, 33, 17), dtype, rng), randn(cp, (2, 17, 9), dtype, rng)
+    check_kernel(cp, k, {}, a, b, dtype)
+
+
+@pytest.mark.gpu
+def test_frontend_on_cuda(cp):
+    rng = np.random.default_rng()
+    for sa, sb in [((7, 13), (13, 5)), ((13,), (13, 4)), ((2, 1, 7, 13), (1, 3, 13, 5)), ((128, 256), (256, 64))]:
+        a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+        out = opr.matmul(a, b, device="cuda:0")
+        assert out.device == "cuda:0"
+        assert rel_err(out.numpy(), MATMUL.reference(a, b)) <= TOLERANCE["float32"]
+    text = str(opr.explain("matmul", cp.ones((512, 512), cp.float32), cp.ones((512, 512), cp.float32)))
+    assert "cupy.matmul.cublas" in text and "cupy.matmul.simt" in text
+
+
+# -- the device provider ---------------------------------------------------------------------
+@pytest.mark.gpu
+def test_provider_memory_timer_and_facts(cp):
+    dev = opr.Device("cuda:0")
+    prov = dev.provider
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    d = prov.from_host(x)
+    assert prov.owns(d) and isinstance(d, cp.ndarray)
+    np.testing.assert_array_equal(prov.to_host(d), x)
+    back = prov.from_dlpack(d)  # a CUDA DLPack object stays on the device, no copy
+    assert back.data.ptr == d.data.ptr
+    np.testing.assert_array_equal(prov.to_host(prov.from_dlpack(x)), x)  # host DLPack: copied in
+    assert prov.dlpack_device(d) == (2, 0)
+    times = prov.time(lambda: cp.matmul(d, d.T), repeats=5, warmup=1)
+    assert len(times) == 5 and all(0 < t < 1 for t in times)
+    fp = prov.fingerprint()
+    assert {"name", "description", "compute_capability", "driver", "runtime", "cupy"} <= set(fp)
+    assert "multiprocessors" in prov.info() and "L2 cache" in prov.info()
+
+
+@pytest.mark.gpu
+def test_out_of_memory_is_a_clear_error(cp):
+    from opruntime_cupy import memory
+
+    with pytest.raises(OutOfMemoryError, match="out of CUDA memory"):
+        memory.empty((1 << 50,), np.float32, "test")
+    with pytest.raises(OutOfMemoryError):
+        opr.Device("cuda:0").provider.empty((1 << 50,), np.dtype(np.float32))
+
+
+# -- build failures ----------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_compile_error_carries_the_nvrtc_log(cp):
+    from opruntime_cupy import compile
+
+    with pytest.raises(KernelCompileError) as info:
+        compile.load("matmul_sgemm.cu", {"BM": 128, "BN": 128, "BK": 8, "WM": 32, "WN": 64, "TM": 8,
+                                         "TN": "8 +* broken"}, 0, kernel="cupy.matmul.simt")
+    assert "error" in info.value.log and info.value.kernel == "cupy.matmul.simt"
+
+
+@pytest.mark.gpu
+def test_selector_falls_back_when_a_kernel_fails_to_build(cp):
+    from opruntime_cupy import compile
+
+    def broken(problem, config, a, b):
+        compile.load("matmul_sgemm.cu", {"BM": "garbage("}, 0, kernel="test.matmul.broken")
+
+    class Plugin:
+        @staticmethod
+        @opr.hookimpl
+        def opruntime_kernels():
+            return [Kernel("matmul", "test.matmul.broken", "cuda", frozenset({"float32"}), broken,
+                           cost=lambda p, c: 0.0)]
+
+    opr.register(Plugin, name="broken-cuda")
+    try:
+        a = np.random.default_rng().standard_normal((64, 32)).astype(np.float32)
+        b = np.random.default_rng().standard_normal((32, 16)).astype(np.float32)
+        with pytest.warns(FallbackWarning, match="test.matmul.broken"):
+            out = opr.matmul(a, b, device="cuda:0")
+        assert rel_err(out.numpy(), MATMUL.reference(a, b)) <= TOLERANCE["float32"]
+    finally:
+        opr.unregister("broken-cuda")
