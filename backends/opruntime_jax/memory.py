@@ -1,0 +1,189 @@
+"""The ``jax`` devices: one per JAX device of every platform (``jax:cpu:0``, ``jax:gpu:0``,
+``jax:tpu:0``...); memory is a ``jax.Array`` committed to that device with ``jax.device_put``.
+
+float64 data is made inside :func:`~.compile.x64_scope` (``jax_enable_x64`` for this thread
+only), so the user's own JAX code keeps its global setting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from opruntime import DeviceProvider
+from opruntime.errors import OutOfMemoryError
+
+from .compile import x64_scope
+
+#: default-device order: a TPU or GPU reached through JAX ranks high; JAX on the host ranks
+#: below the NumPy ``cpu`` device, so that stays the default on CPU-only machines.
+PRIORITY = {"tpu": 90, "gpu": 80, "cpu": 10}
+
+
+def discover() -> list[JaxDevice]:
+    """One provider per local JAX device of every platform JAX can initialise here."""
+    import jax
+
+    try:
+        from jax.extend import backend as jax_backend
+
+        names = list(jax_backend.backends())
+    except Exception:  # older or newer JAX: ask for each platform by name
+        names = ["tpu", "gpu", "cpu"]
+    found: dict[str, list[Any]] = {}
+    for name in names:
+        try:
+            devs = jax.local_devices(backend=name)
+        except Exception:  # that platform cannot start here
+            continue
+        for d in devs:
+            plat = found.setdefault(d.platform, [])
+            if all(d is not e for e in plat):
+                plat.append(d)
+    return [JaxDevice(d, plat, i) for plat, devs in found.items() for i, d in enumerate(devs)]
+
+
+class JaxDevice(DeviceProvider):
+    """One JAX device. ``jdev`` is the ``jax.Device``; ``platform`` is ``cpu``, ``gpu`` or ``tpu``."""
+
+    kind = "jax"
+
+    def __init__(self, jdev: Any, platform: str, index: int) -> None:
+        import jax
+
+        self.jdev, self.platform = jdev, platform
+        self.name = f"jax:{platform}:{index}"
+        self.aliases = (f"jax:{platform}",) if index == 0 else ()
+        self.priority = PRIORITY.get(platform, 5)
+        self.description = str(getattr(jdev, "device_kind", platform))
+        self.array_types = (jax.Array,)
+        self._sync: Any = None
+
+    # -- memory -----------------------------------------------------------------------------------
+    def from_host(self, array: np.ndarray) -> Any:
+        return self._put(array)
+
+    def _put(self, array: Any) -> Any:
+        import jax
+
+        try:
+            if np.dtype(array.dtype) == np.float64:
+                with x64_scope():
+                    return jax.device_put(array, self.jdev)
+            return jax.device_put(array, self.jdev)
+        except Exception as exc:
+            self._oom(exc, f"placing {tuple(array.shape)} {array.dtype}")
+            raise
+
+    def to_host(self, data: Any) -> np.ndarray:
+        return np.array(data, copy=True)  # a writable host copy (np.asarray may alias on the CPU)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return self.zeros(shape, dtype)  # XLA has no uninitialised buffers
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        import jax.numpy as jnp
+
+        try:
+            if np.dtype(dtype) == np.float64:
+                with x64_scope():
+                    return jnp.zeros(shape, dtype, device=self.jdev)
+            return jnp.zeros(shape, dtype, device=self.jdev)
+        except Exception as exc:
+            self._oom(exc, f"allocating {tuple(shape)} {dtype}")
+            raise
+
+    def astype(self, data: Any, dtype: np.dtype) -> Any:
+        if np.dtype(dtype) == np.float64 or data.dtype == np.float64:
+            with x64_scope():
+                return data.astype(dtype)
+        return data.astype(dtype)
+
+    def owns(self, data: Any) -> bool:
+        """A ``jax.Array`` that lives on this device alone."""
+        if not isinstance(data, self.array_types):
+            return False
+        try:
+            devs = data.devices()
+        except Exception:  # a tracer or a deleted array
+            return False
+        return len(devs) == 1 and self.jdev in devs
+
+    # -- DLPack -----------------------------------------------------------------------------------
+    def from_dlpack(self, obj: Any) -> Any:
+        """Zero-copy when the producer is on this device; else through JAX's own transfer, and
+        through the host for producers JAX cannot read (an OpenCL buffer)."""
+        import jax
+
+        try:
+            with x64_scope():
+                arr = jax.dlpack.from_dlpack(obj)
+                return arr if self.owns(arr) else jax.device_put(arr, self.jdev)
+        except Exception:
+            return self._put(np.from_dlpack(obj))
+
+    def to_dlpack(self, data: Any, **kwargs: Any) -> Any:
+        return data.__dlpack__(**kwargs)
+
+    def dlpack_device(self, data: Any) -> tuple[int, int]:
+        return data.__dlpack_device__()
+
+    # -- execution --------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for the work queued on this device: a tiny computation queued behind it is waited
+        for (GPU and TPU run one compute stream per device in order). On the CPU, XLA may run
+        independent computations concurrently, so :meth:`time` waits on the result itself."""
+        import jax
+
+        if self._sync is None:
+            self._sync = jax.device_put(np.zeros((), np.float32), self.jdev)
+        (self._sync + 1).block_until_ready()
+
+    def time(self, fn: Callable[[], Any], *, repeats: int = 20, warmup: int = 3) -> list[float]:
+        """Seconds per run, host clock around ``fn()`` and ``block_until_ready`` on its result."""
+        import jax
+
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+        self.synchronize()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = fn()
+            if out is None:
+                self.synchronize()
+            else:
+                jax.block_until_ready(out)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def fingerprint(self) -> dict[str, str]:
+        import jax
+        import jaxlib
+
+        return {"name": self.name, "platform": self.platform, "device_kind": self.description,
+                "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+                "platform_version": str(getattr(self.jdev.client, "platform_version", ""))}
+
+    def info(self) -> dict[str, str]:
+        import jax
+
+        facts = {"jax": jax.__version__, "platform": self.platform, "device": str(self.jdev),
+                 "platform_version": str(getattr(self.jdev.client, "platform_version", ""))}
+        cc = getattr(self.jdev, "compute_capability", None)
+        if cc:
+            facts["compute_capability"] = str(cc)
+        try:
+            stats = self.jdev.memory_stats() or {}
+            if "bytes_limit" in stats:
+                facts["memory"] = f"{stats['bytes_limit'] / 2**30:.1f} GiB"
+        except Exception:  # not every platform reports memory
+            pass
+        return facts
+
+    def _oom(self, exc: Exception, what: str) -> None:
+        if "RESOURCE_EXHAUSTED" in str(exc) or "out of memory" in str(exc).lower():
+            raise OutOfMemoryError(f"{self.name}: out of memory {what}: {exc}") from exc

@@ -1,0 +1,61 @@
+"""softmax / log_softmax on JAX devices: ``jax.nn`` through XLA (one fused reduction kernel),
+and a row-blocked Pallas kernel selectable by pin
+(``[ops.softmax] kernel = "jax.softmax.pallas_rows"``). float16 / bfloat16 are computed in
+float32 inside the fused kernel (no extra memory traffic)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from opruntime.kernels import Kernel, Problem
+
+from . import pallas_softmax
+from .compile import JitKernel, device_cost, io_bytes, platform
+from .matmul import FLOATS, PALLAS_FLOATS, _source
+
+
+def build_xla(problem: Problem, config: Mapping[str, Any], log: bool) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    fn, axis = (jax.nn.log_softmax if log else jax.nn.softmax), problem.attrs["axis"]
+    if problem.dtype in ("float16", "bfloat16"):
+        return lambda x: fn(x.astype(jnp.float32), axis=axis).astype(x.dtype)
+    return lambda x: fn(x, axis=axis)
+
+
+def xla_cost(problem: Problem, config: Any) -> float:
+    return device_cost(problem, 5.0 * math.prod(problem.out_shape), io_bytes(problem), byte_eff=0.9)
+
+
+#: Pallas bandwidth efficiency relative to the platform figure, and launch multiplier.
+PALLAS_EFF = {"cpu": (0.01, 50.0), "gpu": (0.8, 1.2), "tpu": (0.8, 1.2)}
+
+
+def pallas_cost(problem: Problem, config: Mapping[str, Any]) -> float:
+    eff, launch = PALLAS_EFF.get(platform(problem.device), (0.8, 1.2))
+    rows, cols = pallas_softmax.rows_cols(problem)
+    padded = pallas_softmax.padded_cols(problem) / cols
+    moved = 2.0 if problem.attrs["axis"] != len(problem.shapes[0]) - 1 else 0.0  # a transpose in and out
+    nbytes = io_bytes(problem) * (padded + moved + (1.0 if padded > 1 else 0.0))
+    return device_cost(problem, 5.0 * math.prod(problem.out_shape), nbytes, byte_eff=eff, launch_mult=launch)
+
+
+def kernels() -> list[Kernel]:
+    src = _source(pallas_softmax)
+    table = []
+    for op, log in (("softmax", False), ("log_softmax", True)):
+        xla, pallas = f"jax.{op}.xla", f"jax.{op}.pallas_rows"
+        table += [
+            #      op  name    kind   dtypes  run
+            Kernel(op, xla, "jax", FLOATS, JitKernel(xla, functools.partial(build_xla, log=log)),
+                   cost=xla_cost, vendor=True, source=f"jax.nn.{op}, half types in float32"),
+            Kernel(op, pallas, "jax", PALLAS_FLOATS,
+                   JitKernel(pallas, functools.partial(pallas_softmax.build, log=log)),
+                   supports=pallas_softmax.supports, cost=pallas_cost, config_for=pallas_softmax.configs,
+                   configs=({"block_rows": 1},), source=src),
+        ]
+    return table
