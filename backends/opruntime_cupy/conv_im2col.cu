@@ -1,0 +1,32 @@
+// The column buffer of the vendor path (im2col + cuBLAS): cols[n][g][crs][pq] (pq fastest, so
+// one GEMM per (n, g) writes y[n, g*kg:(g+1)*kg] in place). One thread per element; the offset
+// table (conv_types.cuh) turns crs into an input offset and row / column shifts.
+// Defines: DTYPE, THREADS, IDX (int, or long long past 2**31 elements).
+#include "conv_types.cuh"
+
+#ifndef THREADS
+#define THREADS 256
+#endif
+#ifndef IDX
+#define IDX int
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+conv_im2col(const T* __restrict__ x, T* __restrict__ cols, const int4* __restrict__ tab, const ConvParams p,
+            long long total, int groups) {
+    for (IDX idx = (IDX)blockIdx.x * THREADS + threadIdx.x; idx < total; idx += (IDX)gridDim.x * THREADS) {
+        const int pq = (int)(idx % p.pq);
+        IDX rest = idx / p.pq;
+        const int crs = (int)(rest % p.crs);
+        rest /= p.crs;
+        const int g = (int)(rest % groups);
+        const int img = (int)(rest / groups);
+        const int op = pq / p.q, oq = pq - op * p.q;
+        const int4 t = tab[crs];
+        const int ih = op * p.str_h - p.pad_t + t.y, iw = oq * p.str_w - p.pad_l + t.z;
+        T v = (T)0;
+        if ((unsigned)ih < (unsigned)p.h && (unsigned)iw < (unsigned)p.w)
+            v = x[(long long)img * p.sx_n + (long long)g * p.cg * p.sx_c + (long long)ih * p.sx_h + (long long)iw * p.sx_w + t.x];
+        cols[idx] = v;
+    }
+}
