@@ -16,6 +16,7 @@ from .plugins import available_devices as devices
 from .plugins import register, registry, unregister
 from .selector import explain
 from .tensor import Tensor, tensor
+from .trace import trace
 
 __version__ = "0.1.0"
 
@@ -23,5 +24,5 @@ __version__ = "0.1.0"
 __all__ = [
     "FLOATS", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "configure", "conv2d", "device",
     "devices", "errors", "explain", "hookimpl", "log_softmax", "matmul", "override", "register", "reload",
-    "softmax", "tensor", "unregister",
+    "softmax", "tensor", "trace", "unregister",
 ]

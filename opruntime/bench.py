@@ -124,6 +124,20 @@ def measure(fn: Callable[[], Any], sync: Callable[[], Any], repeats: int = 15, b
     return statistics.median(times)
 
 
+def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
+    """Random normal operands (never zeros) for ``case`` on ``device``."""
+    rng = np.random.default_rng(seed)
+    host_dtype = np.float32 if case.dtype == "bfloat16" else np.dtype(case.dtype)
+    prov = device.provider
+    out = []
+    for s in case.shapes:
+        data = prov.from_host(rng.standard_normal(s).astype(host_dtype))
+        if case.dtype == "bfloat16":
+            data = prov.astype(data, _bfloat16())
+        out.append(Tensor._wrap(data, device))
+    return out
+
+
 def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = False,
              peers: Sequence[str] | None = None) -> Result:
     """Benchmark one case on one device."""
@@ -237,6 +251,11 @@ def parse_case(op: str, spec: str, dtype: str, attrs: Sequence[str]) -> Case:
         shapes = tuple(tuple(int(n) for n in part.split("x")) for part in spec.split(","))
     except ValueError:
         raise SystemExit(f"bad --shape {spec!r}: write operand shapes like 1024x1024,1024x1024") from None
+    operator = OPS[op]
+    least = operator.required if operator.required is not None else len(operator.operands)
+    if not least <= len(shapes) <= len(operator.operands):
+        raise SystemExit(f"{op} takes {'/'.join(operator.operands)}: give {least} to {len(operator.operands)} "
+                         f"comma-separated shapes, got {spec!r}")
     parsed = []
     for a in attrs:
         k, _, v = a.partition("=")

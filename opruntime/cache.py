@@ -150,6 +150,9 @@ class TuningCache:
                   entry.time_s, json.dumps(entry.candidates), entry.device_name, entry.created)
         self._connect().execute("INSERT OR REPLACE INTO tuned VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
 
+    def delete(self, device: str, problem: str) -> None:
+        self._connect().execute("DELETE FROM tuned WHERE device = ? AND problem = ?", (device, problem))
+
     def entries(self) -> Iterator[Entry]:
         rows = self._connect().execute(
             "SELECT device, problem, kernel, config, source_hash, time_s, candidates, device_name, created "

@@ -1,4 +1,5 @@
-"""The ``opruntime`` command: ``info`` and ``bench`` (``opruntime <command> --help``)."""
+"""The ``opruntime`` command: ``info``, ``bench``, ``tune``, ``cache``, ``explain``
+(``opruntime <command> --help``)."""
 
 from __future__ import annotations
 
@@ -46,16 +47,11 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from opruntime.bench import SUITES, format_table, parse_case, run_case, to_json
+    from opruntime.bench import format_table, run_case, to_json
     from opruntime.plugins import registry
 
     reg = registry()
-    if args.op:
-        if not args.shape:
-            raise SystemExit("bench: give --shape for each operator (e.g. --shape 1024x1024,1024x1024)")
-        cases = [parse_case(op, shape, args.dtype, args.attr) for op in args.op for shape in args.shape]
-    else:
-        cases = SUITES[args.suite]
+    cases = _cases(args)
     devices = [reg.device(d) for d in args.device] if args.device else [reg.devices[0]]
     results = []
     total = len(cases) * len(devices)
@@ -68,6 +64,108 @@ def cmd_bench(args: argparse.Namespace) -> int:
         to_json(results, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
+
+
+def _cases(args: argparse.Namespace) -> list:
+    from opruntime.bench import SUITES, parse_case
+
+    if args.op:
+        if not args.shape:
+            raise SystemExit(f"{args.command}: give --shape for each operator (e.g. --shape 1024x1024,1024x1024)")
+        return [parse_case(op, shape, args.dtype, args.attr) for op in args.op for shape in args.shape]
+    return SUITES[args.suite]
+
+
+class _Progress:
+    """A progress bar on stderr: tqdm when installed, a plain counter otherwise."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.bar = label, None
+
+    def __call__(self, i: int, n: int, candidate: object) -> None:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            name = getattr(getattr(candidate, "kernel", None), "name", "done")
+            print(f"\r  {self.label}: {i}/{n} {name:<50}", end="" if i < n else "\n", file=sys.stderr, flush=True)
+            return
+        if self.bar is None:
+            self.bar = tqdm(total=n, desc=self.label, leave=False, file=sys.stderr)
+        self.bar.n = i
+        self.bar.set_postfix_str(getattr(getattr(candidate, "kernel", None), "name", ""))
+        if i >= n:
+            self.bar.close()
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import math
+    import time
+
+    from opruntime import cache, config, selector, tuning
+    from opruntime.bench import random_tensors
+    from opruntime.ops import OPS
+    from opruntime.plugins import registry
+
+    reg = registry()
+    devices = [reg.device(d) for d in args.device] if args.device else [reg.devices[0]]
+    overrides = {"tune": "autotune"}
+    if args.budget:
+        overrides["tune_budget"] = args.budget
+    rows = []
+    with config.override(**overrides) as s:
+        for dev in devices:
+            for case in _cases(args):
+                op = OPS[case.op]
+                datas = [t.data for t in random_tensors(case, dev)]
+                problem = op.problem(datas, dev, dict(case.attrs))[0]
+                if args.force:
+                    cache.tuning_cache().delete(selector.device_key(dev), tuning.problem_key(problem, s.bucket_for(case.op)))
+                tuning.reporter = _Progress(f"{case.op} {case.label} {case.dtype} on {dev.name}")
+                t0 = time.perf_counter()
+                try:
+                    order, _, why = selector.rank(problem, dev, s)
+                finally:
+                    tuning.reporter = None
+                best = order[0]
+                vendor = [c.measured for c in order if c.kernel.vendor and c.measured and math.isfinite(c.measured)]
+                rows.append([case.op, case.label, case.dtype, dev.name, best.label,
+                             f"{best.measured * 1e6:.1f} us" if best.measured else "-",
+                             f"{min(vendor) / best.measured:.2f}x" if vendor and best.measured else "-",
+                             why.split(" (")[0], f"{time.perf_counter() - t0:.2f} s"])
+    _table(["op", "problem", "dtype", "device", "winner", "time", "vs vendor", "how", "tuning"], rows)
+    print(f"(cache: {cache.tuning_cache().path}; vs vendor = vendor time / winner time)")
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from opruntime import cache
+
+    store = cache.tuning_cache()
+    if args.action == "path":
+        print(store.path)
+    elif args.action == "list":
+        rows = [[e.device_name, e.problem, e.kernel, f"{e.time_s * 1e6:.1f} us",
+                 f"{e.vendor_time / e.time_s:.2f}x" if e.vendor_time else "-",
+                 __import__("time").strftime("%Y-%m-%d %H:%M", __import__("time").localtime(e.created))]
+                for e in store.entries()]
+        if args.json:
+            print(json.dumps([vars(e) for e in store.entries()], indent=1))
+        else:
+            _table(["device", "problem", "kernel", "time", "vs vendor", "tuned"], rows)
+            print(f"({len(rows)} entries in {store.path})")
+    elif args.action == "export":
+        print(f"exported {store.export(args.path)} entries to {args.path}")
+    elif args.action == "import":
+        print(f"imported {store.import_(args.path)} entries from {args.path}")
+    elif args.action == "clear":
+        print(f"removed {store.clear()} entries from {store.path}")
+    return 0
+
+
+def _table(head: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)] if rows else [len(h) for h in head]
+    for cells in [head, ["-" * w for w in widths], *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip())
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -103,6 +201,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peers", help="comma-separated peers to time (default: all installed)")
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     b.set_defaults(fn=cmd_bench)
+
+    t = sub.add_parser("tune", help="autotune problems into the persistent cache; a table of winners")
+    t.add_argument("op", nargs="*", help="operators (default: the --suite)")
+    t.add_argument("--shape", action="append")
+    t.add_argument("--dtype", default="float32")
+    t.add_argument("--attr", action="append", default=[])
+    t.add_argument("--device", action="append")
+    t.add_argument("--suite", default="demo", choices=sorted(SUITES))
+    t.add_argument("--budget", type=float, help="seconds per problem (default: the tune_budget setting)")
+    t.add_argument("--force", action="store_true", help="tune again even when the cache has a result")
+    t.set_defaults(fn=cmd_tune)
+
+    c = sub.add_parser("cache", help="the tuning cache: path | list | export PATH | import PATH | clear")
+    c.add_argument("action", choices=["path", "list", "export", "import", "clear"])
+    c.add_argument("path", nargs="?")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_cache)
 
     e = sub.add_parser("explain", help="which kernel a call would run, the candidates and why")
     e.add_argument("op")

@@ -33,6 +33,7 @@ import numpy as np
 from .errors import ConfigError, DtypeError, FallbackWarning, KernelError, NoKernelError, OutOfMemoryError
 from .kernels import Kernel, Problem
 from .tensor import Tensor
+from .trace import active as _tracing
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -257,7 +258,7 @@ class Plan:
 
     def __call__(self, datas: list[Any]) -> Tensor:
         fast = self.fast
-        if fast is not None:  # the hot path: no casts, no reshapes
+        if fast is not None and not _tracing:  # the hot path: no casts, no reshapes, no trace
             run, problem, config, dev = fast
             try:
                 out = run(problem, config, *datas)
@@ -268,6 +269,29 @@ class Plan:
             t = _new_tensor(Tensor)
             t.data, t.device = out, dev
             return t
+        if _tracing:
+            return self._traced(datas)
+        return self._call(datas)
+
+    def _traced(self, datas: list[Any]) -> Tensor:
+        import threading
+
+        from .trace import Event
+
+        sync = self.device.provider.synchronize
+        sync()
+        t0 = time.perf_counter()
+        out = self._call(datas)
+        sync()
+        t1 = time.perf_counter()
+        kernel = self.order[0].label if self.order else f"(frontend: {self.trivial})"
+        event = Event(self.problem.op, kernel, str(self.problem), self.device.name, t0, t1 - t0,
+                      threading.get_ident())
+        for tr in list(_tracing):
+            tr.record(event)
+        return out
+
+    def _call(self, datas: list[Any]) -> Tensor:
         dev = self.device
         if self.casts is not None:
             dt = np.dtype(self.problem.out_dtype)

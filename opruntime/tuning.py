@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 ROTATE_BELOW = 64 << 20  # problems smaller than this (bytes) fit in some cache: rotate input sets
 EARLY_STOP = 3.0  # stop timing a candidate this many times slower than the best so far
+#: ``reporter(i, n, candidate)`` is told about each candidate timed (``opruntime tune``'s progress bar)
+reporter: Any = None
 
 
 def bucket(n: int) -> int:
@@ -85,6 +87,7 @@ def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], 
     for c in ranked:
         if c not in keep:
             c.status = f"pruned: not in the {top_k} lowest estimates"
+    progress = progress or reporter
     prov = device.provider
     sets = random_inputs(problem, device, input_sets(problem))
     start = time.perf_counter()
@@ -114,6 +117,8 @@ def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], 
             best = min(best, c.measured)
         except Exception as exc:
             c.measured, c.status = math.inf, f"failed while tuning: {type(exc).__name__}: {exc}"
+    if progress is not None:
+        progress(len(keep), len(keep), None)
     timed = sorted((c for c in keep if c.measured is not None and math.isfinite(c.measured) and c.status == "ok"),
                    key=lambda c: c.measured)
     rest = [c for c in ranked if c not in timed]

@@ -197,3 +197,38 @@ def test_two_processes_tune_into_one_file(tmp_path):
     entries = list(cache.TuningCache(tmp_path / "shared" / cache.FILENAME).entries())
     assert len(entries) == 24  # both wrote the same 24 problems; no error, no lost or broken row
     assert all(e.kernel.startswith("fake.matmul.") for e in entries)
+
+
+def test_trace_records_calls(tmp_path, rng):
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    with opr.trace() as t:
+        opr.softmax(opr.matmul(x, x.T))
+        opr.softmax(np.zeros((0, 3), np.float32))
+    assert [e.op for e in t.events] == ["matmul", "softmax", "softmax"]
+    assert t.events[0].kernel == "numpy.matmul.blas" and t.events[0].duration_s > 0
+    assert t.events[2].kernel == "(frontend: empty)"
+    path = tmp_path / "trace.json"
+    t.save(path)
+    data = json.loads(path.read_text())
+    assert data["traceEvents"][0]["ph"] == "X" and data["traceEvents"][0]["name"] == "numpy.matmul.blas"
+    assert "numpy.softmax.fused" in t.summary()
+    opr.matmul(x, x.T)
+    assert len(t.events) == 3  # inactive after the block
+
+
+def test_cli_tune_and_cache(tmp_path):
+    env = {**__import__("os").environ, "OPRUNTIME_CACHE_DIR": str(tmp_path / "c"), "OPRUNTIME_PLUGINS": "numpy"}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "opruntime.cli", *a], capture_output=True,  # noqa: E731
+                                    text=True, env=env, cwd=tmp_path)
+    out = run("tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert "tuned now: fastest of 3 timed" in out.stdout and "numpy.conv2d." in out.stdout
+    listed = run("cache", "list")
+    assert "numpy.conv2d." in listed.stdout and "(1 entries in" in listed.stdout
+    assert run("cache", "export", str(tmp_path / "e.json")).returncode == 0
+    assert "removed 1 entries" in run("cache", "clear").stdout
+    assert "imported 1 entries" in run("cache", "import", str(tmp_path / "e.json")).stdout
+    again = run("tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu")
+    assert "tuned earlier" in again.stdout
+    bad = run("tune", "softmax", "--shape", "3x3,3x3")
+    assert bad.returncode != 0 and "softmax takes x: give 1 to 1" in bad.stderr

@@ -21,7 +21,7 @@ from .. import selector
 from ..config import resolve_device, settings
 from ..devices import Device
 from ..errors import DeviceMismatchError, DtypeError
-from ..kernels import Attrs, c_strides
+from ..kernels import Attrs, Problem, c_strides
 from ..plugins import registry
 from ..tensor import Tensor
 
@@ -66,6 +66,7 @@ class Operator(abc.ABC):
 
     name: str = ""
     operands: tuple[str, ...] = ()  # names for messages: ("a", "b")
+    required: int | None = None  # operands that must be given (default: all of them)
 
     @abc.abstractmethod
     def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
@@ -124,8 +125,8 @@ class Operator(abc.ABC):
             key += attrs.items()
         return tuple(key)
 
-    def plan(self, datas: list[Any], dev: Device, attrs: dict[str, Any], s: Any) -> selector.Plan:
-        """Validate the call and ask the selector for a plan (the slow path of a call)."""
+    def problem(self, datas: list[Any], dev: Device, attrs: dict[str, Any]) -> tuple[Problem, Normalized, tuple[bool, ...]]:
+        """Validate a call and build its Problem (with the normalisation and the casts it needs)."""
         shapes = [tuple(d.shape) for d in datas]
         dtype = result_dtype(self.name, [d.dtype for d in datas])
         norm = self.normalize(shapes, dict(attrs))
@@ -136,12 +137,15 @@ class Operator(abc.ABC):
                 strides.append(None if st is None else c_strides(shape))
             else:
                 strides.append(tuple(x // d.dtype.itemsize for x in st))
-        problem = selector.Problem(
-            self.name, dev.name, norm.shapes, (dtype,) * len(datas), tuple(strides), norm.attrs,
-            norm.out_shape, dtype,
-        )
+        problem = Problem(self.name, dev.name, norm.shapes, (dtype,) * len(datas), tuple(strides), norm.attrs,
+                          norm.out_shape, dtype)
         casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
-        return selector.make_plan(self, problem, dev, s, norm, casts, tuple(shapes))
+        return problem, norm, casts
+
+    def plan(self, datas: list[Any], dev: Device, attrs: dict[str, Any], s: Any) -> selector.Plan:
+        """Validate the call and ask the selector for a plan (the slow path of a call)."""
+        problem, norm, casts = self.problem(datas, dev, attrs)
+        return selector.make_plan(self, problem, dev, s, norm, casts, tuple(tuple(d.shape) for d in datas))
 
 
 def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: Any) -> tuple[list[Any], Device]:

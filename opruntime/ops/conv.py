@@ -32,6 +32,7 @@ def out_size(size: int, k: int, pad: int, stride: int, dilation: int) -> int:
 class Conv2d(Operator):
     name = "conv2d"
     operands = ("x", "w", "bias")
+    required = 2
 
     def __call__(self, x: Any, w: Any, bias: Any = None, *, device: Any = None, **attrs: Any) -> Any:
         if bias is None:
