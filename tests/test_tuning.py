@@ -222,7 +222,7 @@ def test_cli_tune_and_cache(tmp_path):
                                     text=True, env=env, cwd=tmp_path)
     out = run("tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu")
     assert out.returncode == 0, out.stderr
-    assert "tuned now: fastest of 3 timed" in out.stdout and "numpy.conv2d." in out.stdout
+    assert "tuned now: fastest of 2 timed" in out.stdout and "numpy.conv2d." in out.stdout
     listed = run("cache", "list")
     assert "numpy.conv2d." in listed.stdout and "(1 entries in" in listed.stdout
     assert run("cache", "export", str(tmp_path / "e.json")).returncode == 0
