@@ -96,10 +96,11 @@ class Conv:
 
     def params(self) -> np.ndarray:
         sn, sc, sh, sw = self.sx
-        vals = dict(npq=self.npq, pq=self.p * self.q, q=self.q, h=self.h, w=self.w, sx_n=sn, sx_c=sc, sx_h=sh,
-                    sx_w=sw, str_h=self.str_h, str_w=self.str_w, pad_t=self.pad_t, pad_l=self.pad_l,
-                    dil_h=self.dil_h, dil_w=self.dil_w, k=self.k, kg=self.kg, cg=self.cg, crs=self.crs, r=self.r,
-                    s=self.s, has_bias=int(self.has_bias), mult=self.k // self.c)
+        vals = {"npq": self.npq, "pq": self.p * self.q, "q": self.q, "h": self.h, "w": self.w, "sx_n": sn,
+                "sx_c": sc, "sx_h": sh, "sx_w": sw, "str_h": self.str_h, "str_w": self.str_w, "pad_t": self.pad_t,
+                "pad_l": self.pad_l, "dil_h": self.dil_h, "dil_w": self.dil_w, "k": self.k, "kg": self.kg,
+                "cg": self.cg, "crs": self.crs, "r": self.r, "s": self.s, "has_bias": int(self.has_bias),
+                "mult": self.k // self.c}
         dt = np.dtype([(f, "<i4") for f in self.FIELDS])
         return np.array([tuple(vals[f] for f in self.FIELDS)], dt)  # passed by value (size-1 array)
 

@@ -13,7 +13,7 @@
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_im2col(const T* __restrict__ x, T* __restrict__ cols, const int4* __restrict__ tab, const ConvParams p,
-            long long total, int groups) {
+            long long total, long long groups) {
     for (IDX idx = (IDX)blockIdx.x * THREADS + threadIdx.x; idx < total; idx += (IDX)gridDim.x * THREADS) {
         const int pq = (int)(idx % p.pq);
         IDX rest = idx / p.pq;

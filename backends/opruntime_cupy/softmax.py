@@ -173,7 +173,7 @@ def _cluster_ok(problem: Problem) -> bool:
 def _sm90(problem: Problem) -> bool:
     try:
         return int(cc.arch_of(cc.device_id(problem.device))[:2]) >= 90
-    except Exception:
+    except Exception:  # noqa: BLE001 - no CuPy or no device here: no clusters either
         return False
 
 
@@ -235,7 +235,7 @@ def _runner(op: str, family: str) -> Callable[..., Any]:
 
 
 def _defines(family: str, problem: Problem, config: Mapping[str, Any], vec: int) -> dict[str, int]:
-    rows, cols, _ = _rows(problem)
+    cols = _rows(problem)[1]
     packs = -(-cols // vec)
     d = {"DTYPE": DTYPE_CODE[problem.dtype], "FAMILY": {"warp": 1, "block": 2, "online": 3, "cluster": 5}[family],
          "VEC": vec, "THREADS": config["threads"]}
@@ -275,9 +275,7 @@ def _build(op: str, family: str, problem: Problem, config: Mapping[str, Any]) ->
         return fn, _grid(family, d, rows), d["THREADS"]
 
     fn, grid, block = function(vec)
-    scalar = function(1) if vec > 1 and family != "cluster" else None
-    if family == "cluster" and vec > 1:
-        scalar = None  # the cluster sizes were chosen for vec; misaligned data takes the block path
+    scalar: list[Any] = []  # the VEC=1 build, made on the first misaligned input
     args_tail = (rows, cols, ldx)
     getdev = cupy.cuda.runtime.getDevice
 
@@ -285,13 +283,17 @@ def _build(op: str, family: str, problem: Problem, config: Mapping[str, Any]) ->
         if getdev() != dev:
             with cupy.cuda.Device(dev):
                 return launch(x)
-        y = empty(shape, x.dtype, name)
         if vec > 1 and x.data.ptr & 15:
-            if scalar is None:
+            if family == "cluster":  # cluster sizes were chosen for 128-bit access
                 return _misaligned(op, problem, x)
-            scalar[0]((scalar[1],), (scalar[2],), (x, y, *args_tail))
-        else:
-            fn((grid,), (block,), (x, y, *args_tail))
+            if not scalar:
+                scalar.append(function(1))
+            sfn, sgrid, sblock = scalar[0]
+            y = empty(shape, x.dtype, name)
+            sfn((sgrid,), (sblock,), (x, y, *args_tail))
+            return y
+        y = empty(shape, x.dtype, name)
+        fn((grid,), (block,), (x, y, *args_tail))
         return y
 
     return launch

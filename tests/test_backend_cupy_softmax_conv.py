@@ -1,0 +1,322 @@
+"""The CUDA backend's softmax / log_softmax and conv2d kernels, each kernel x config directly.
+
+CPU part (runs everywhere): the layout logic that decides which softmax family may run, and a
+NumPy emulation of the implicit GEMM's gather (offset table, pixel bases, bounds), checked
+against the float64 reference, so the index arithmetic the CUDA kernels share is tested in CI.
+
+GPU part (``-m gpu``, skipped with the reason without CuPy or a CUDA device): every kernel and
+every config against the float64 reference, at odd sizes, every axis, rows of -inf,
+non-contiguous and misaligned inputs, and every conv attribute combination.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import TOLERANCE, rel_err
+from opruntime_cupy import conv, softmax
+
+from opruntime.kernels import Attrs, Problem
+from opruntime.ops import OPS
+
+
+def make_problem(op: str, arrays: list, dtype: str, **attrs) -> Problem:
+    """The Problem the frontend would build for these (host or device) arrays."""
+    shapes = [tuple(a.shape) for a in arrays]
+    norm = OPS[op].normalize(shapes, dict(attrs))
+    strides = tuple(tuple(s // a.dtype.itemsize for s in a.strides) for a in arrays)
+    return Problem(op, "cuda:0", norm.shapes, (dtype,) * len(arrays), strides, norm.attrs, norm.out_shape, dtype)
+
+
+# -- CPU: layouts ---------------------------------------------------------------------------------
+
+
+def softmax_problem(shape, strides, axis) -> Problem:
+    return Problem("softmax", "cuda:0", (shape,), ("float32",), (strides,), Attrs(axis=axis), shape, "float32")
+
+
+def test_layout_rows_and_columns():
+    assert softmax.layout(softmax_problem((8, 16), (16, 1), 1)) == (8, 16, 1, 16, 1, 0)
+    assert softmax.layout(softmax_problem((8, 16), (16, 1), 0)) == (1, 8, 16, 0, 16, 1)
+    # a column slice x[:, :10] of an (8, 16) array: rows of 10 with row stride 16
+    assert softmax._rows(softmax_problem((8, 10), (16, 1), 1)) == (8, 10, 16)
+    # a transposed view: the reduced axis has stride 8, so no row family applies
+    assert softmax._rows(softmax_problem((16, 8), (1, 16), 1)) is None
+    # outer dims (2, 3) of a (2, 6, 5) array sliced to (2, 3, 5) do not collapse
+    assert softmax.layout(softmax_problem((2, 3, 5), (30, 5, 1), 2)) is None
+    # size-1 dims never block collapsing
+    assert softmax._rows(softmax_problem((4, 1, 3, 7), (21, 99, 7, 1), 3)) == (12, 7, 7)
+
+
+def test_softmax_families_cover_every_row_length():
+    for cols in (1, 16, 1000, 1024, 1025, 4096, 32768, 40000):
+        p = softmax_problem((3, cols), (cols, 1), 1)
+        usable = [k.name.split(".")[-1] for k in softmax.kernels()
+                  if k.op == "softmax" and _supports_here(k, p)]
+        assert "online" in usable and "strided" in usable
+        assert ("warp" in usable) == (cols <= 1024)
+        assert ("block" in usable) == (256 < cols <= 32768), (cols, usable)
+        for k in softmax.kernels():
+            if k.op == "softmax" and _supports_here(k, p):
+                assert list(k.candidates(p)), k.name
+
+
+def _supports_here(kernel, problem) -> bool:
+    if kernel.name.endswith("cluster"):
+        return False  # needs the device's compute capability
+    return kernel.supports(problem)
+
+
+# -- CPU: the implicit GEMM's gather, emulated --------------------------------------------------------
+
+CONV_CASES = [
+    # (x shape, w shape, attrs)
+    ((2, 3, 9, 11), (4, 3, 3, 3), {}),
+    ((2, 3, 9, 11), (5, 3, 3, 3), {"stride": 2, "padding": 1}),
+    ((1, 4, 10, 7), (6, 4, 3, 2), {"stride": (2, 1), "padding": (1, 2), "dilation": (1, 2)}),
+    ((2, 4, 8, 8), (4, 2, 3, 3), {"groups": 2, "padding": "same"}),
+    ((2, 4, 8, 9), (5, 4, 2, 4), {"padding": "same", "dilation": 2}),  # 4-sided: (1, 1, 3, 3) / (1,2,1,2)
+    ((1, 3, 9, 8), (3, 3, 4, 4), {"padding": "same"}),  # even kernel: top 1, bottom 2, left 1, right 2
+    ((2, 6, 7, 7), (6, 1, 3, 3), {"groups": 6, "padding": 1}),  # depthwise
+    ((1, 3, 7, 8), (6, 1, 3, 3), {"groups": 3, "stride": 2, "dilation": 2, "padding": 2}),  # multiplier 2
+    ((2, 8, 5, 6), (4, 8, 1, 1), {}),  # pointwise
+    ((2, 8, 9, 6), (4, 2, 1, 1), {"groups": 4, "stride": 2}),  # grouped pointwise, strided
+    ((1, 3, 13, 17), (7, 3, 5, 5), {"stride": 3, "padding": 2}),
+    ((1, 1, 1, 1), (1, 1, 1, 1), {}),
+    ((3, 5, 23, 19), (70, 5, 3, 3), {"padding": 1}),  # more than one tile of output channels / pixels
+]
+CASE_IDS = [f"{x}*{w}-{a}" for x, w, a in CONV_CASES]
+
+
+def emulate_igemm(problem: Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """The implicit GEMM as the kernels compute it, in NumPy: the same table, bases and checks."""
+    cv = conv.Conv(problem)
+    tab = cv.table()
+    flat = np.lib.stride_tricks.as_strided(x, (cv.x_extent(),), (x.dtype.itemsize,))  # x's memory
+    pix = np.arange(cv.npq)
+    img, pq = pix // (cv.p * cv.q), pix % (cv.p * cv.q)
+    ih0, iw0 = (pq // cv.q) * cv.str_h - cv.pad_t, (pq % cv.q) * cv.str_w - cv.pad_l
+    base = img * cv.sx[0] + ih0 * cv.sx[2] + iw0 * cv.sx[3]
+    y = np.zeros(problem.out_shape)
+    for g in range(cv.groups):
+        t = tab[: -(-cv.crs // 8) * 8]  # a padded reduction, as the kernels run it
+        ih, iw = ih0[None, :] + t[:, 1:2], iw0[None, :] + t[:, 2:3]
+        ok = (ih >= 0) & (ih < cv.h) & (iw >= 0) & (iw < cv.w)
+        off = np.where(ok, g * cv.cg * cv.sx[1] + base[None, :] + t[:, 0:1], 0)
+        bmat = np.where(ok, flat[off], 0.0)  # (crs padded, npq)
+        wg = np.zeros((cv.kg, t.shape[0]))
+        wg[:, : cv.crs] = w.reshape(cv.k, cv.crs)[g * cv.kg:(g + 1) * cv.kg]
+        out = wg @ bmat  # (kg, npq)
+        y[:, g * cv.kg:(g + 1) * cv.kg] = out.reshape(cv.kg, cv.n, cv.p * cv.q).transpose(1, 0, 2).reshape(
+            cv.n, cv.kg, cv.p, cv.q)
+    if b is not None:
+        y += b.reshape(1, -1, 1, 1)
+    return y
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONV_CASES, ids=CASE_IDS)
+def test_igemm_gather_emulated(xs, ws, attrs):
+    rng = np.random.default_rng()
+    for view in ("contiguous", "transposed"):
+        host = rng.standard_normal(xs)
+        x = host if view == "contiguous" else np.ascontiguousarray(host.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+        w, b = rng.standard_normal(ws), rng.standard_normal(ws[0])
+        p = make_problem("conv2d", [x, w, b], "float64", **attrs)
+        got = emulate_igemm(p, x, w, b)
+        assert rel_err(got, OPS["conv2d"].reference(host, w, b, **attrs)) < 1e-12
+
+
+def test_conv_params_block_matches_the_struct():
+    src = conv.cc.source("conv_types.cuh")
+    body = src[src.index("struct ConvParams"):src.index("};", src.index("struct ConvParams"))]
+    names = [n.strip() for line in body.splitlines()[1:] for n in line.split("//")[0].replace("int ", "").split(";")[0]
+             .split(",") if n.strip()]
+    assert tuple(names) == conv.Conv.FIELDS
+    p = make_problem("conv2d", [np.zeros((2, 3, 9, 11)), np.zeros((4, 3, 3, 3))], "float32", padding=1)
+    assert conv.Conv(p).params().dtype.itemsize == 4 * len(names)
+
+
+# -- GPU ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cp():
+    cupy = pytest.importorskip("cupy", reason="cupy not installed: the CUDA kernels cannot run")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except Exception as exc:  # noqa: BLE001 - any CUDA failure here means: no device to test on
+        pytest.skip(f"no CUDA device: {exc}")
+    return cupy
+
+
+def dtypes_here(cp) -> list[str]:
+    from opruntime_cupy.memory import bfloat16
+
+    return ["float32", "float16", "float64"] + (["bfloat16"] if bfloat16() is not None else [])
+
+
+def np_dtype(dtype: str):
+    if dtype == "bfloat16":
+        from opruntime_cupy.memory import bfloat16
+
+        return bfloat16()
+    return np.dtype(dtype)
+
+
+SOFTMAX_SHAPES = [  # (shape, axes)
+    ((1,), (0,)), ((7,), (0,)), ((3, 1), (0, 1)), ((5, 33), (0, 1)), ((129, 1000), (1,)), ((17, 1024), (1,)),
+    ((9, 1025), (1,)), ((3, 4097), (1,)), ((2, 8192), (1,)), ((2, 32768), (1,)), ((3, 40001), (1,)),
+    ((4, 5, 3), (0, 1, 2)), ((6, 7, 9, 11), (0, 1, 2, 3)), ((33, 257), (0, 1)),
+]
+
+
+def softmax_inputs(cp, rng, shape, dtype):
+    """Random rows, one row of -inf, one row with some -inf, as the given dtype on the device."""
+    x = rng.standard_normal(shape) * 4
+    if len(shape) >= 2 and shape[0] >= 3:
+        x[1] = -np.inf
+        x[2, ..., ::3] = -np.inf
+    host = x.astype(np_dtype(dtype))
+    return host, cp.asarray(host)
+
+
+def views(cp, host, dev):
+    """(name, host view, device view): contiguous, strided, transposed, misaligned, uncollapsible."""
+    out = [("contiguous", host, dev)]
+    if host.ndim >= 2 and host.shape[-1] > 2:
+        out.append(("every-other-column", host[..., ::2], dev[..., ::2]))
+        out.append(("offset-by-one", host[..., 1:], dev[..., 1:]))  # base address not 16-byte aligned
+    if host.ndim >= 2:
+        out.append(("transposed", host.swapaxes(-1, -2), dev.swapaxes(-1, -2)))
+    if host.ndim >= 3 and host.shape[1] > 1:
+        out.append(("uncollapsible", host[:, : host.shape[1] - 1], dev[:, : host.shape[1] - 1]))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("family", ["warp", "block", "cluster", "online", "strided"])
+def test_softmax_every_config(cp, op, family):
+    rng = np.random.default_rng()
+    kernel = next(k for k in softmax.kernels() if k.name == f"cupy.{op}.{family}")
+    ran, failures = 0, []
+    for dtype in dtypes_here(cp):
+        for shape, axes in SOFTMAX_SHAPES:
+            if dtype != "float32" and math.prod(shape) > 300_000:
+                continue
+            host, dev = softmax_inputs(cp, rng, shape, dtype)
+            for name, hv, dv in views(cp, host, dev) if dtype in ("float32", "float16") else [("contiguous", host, dev)]:
+                for axis in axes:
+                    if axis >= hv.ndim:
+                        continue
+                    p = make_problem(op, [dv], dtype, axis=axis)
+                    if not kernel.supports(p):
+                        continue
+                    ref = OPS[op].reference(hv.astype(np.float64), axis=axis)
+                    configs = kernel.candidates(p) if dtype == "float32" else kernel.candidates(p)[:1]
+                    for cfg in configs:
+                        out = kernel.run(p, cfg, dv)
+                        ran += 1
+                        assert out.shape == p.out_shape and out.dtype == dv.dtype
+                        assert out.flags.c_contiguous
+                        try:
+                            err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
+                        except AssertionError as exc:
+                            err = f"{exc}"
+                        if not (isinstance(err, float) and err <= TOLERANCE[dtype]):
+                            failures.append(f"{dtype} {shape} {name} axis={axis} {cfg}: {err}")
+    if family == "cluster" and ran == 0:
+        pytest.skip("the cluster family needs sm_90")
+    assert ran > 0
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.gpu
+def test_softmax_poisoned_output_is_fully_written(cp):
+    """Every element of the output is written (a pre-filled pool block must not show through)."""
+    rng = np.random.default_rng()
+    for family in ("warp", "block", "online", "strided"):
+        kernel = next(k for k in softmax.kernels() if k.name == f"cupy.softmax.{family}")
+        for shape in ((31, 999), (5, 4096)):
+            host, dev = softmax_inputs(cp, rng, shape, "float32")
+            p = make_problem("softmax", [dev], "float32", axis=1)
+            if not kernel.supports(p):
+                continue
+            cfg = kernel.candidates(p)[0]
+            for _ in range(3):  # the pool hands back the poisoned block
+                poison = cp.full(shape, cp.nan, cp.float32)
+                del poison
+                out = kernel.run(p, cfg, dev)
+                assert rel_err(cp.asnumpy(out), OPS["softmax"].reference(host, axis=1)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_name", ["igemm_simt", "igemm_mma", "depthwise", "im2col_cublas"])
+def test_conv2d_every_config(cp, kernel_name):
+    rng = np.random.default_rng()
+    kernel = next(k for k in conv.kernels() if k.name == f"cupy.conv2d.{kernel_name}")
+    ran, failures = 0, []
+    for dtype in dtypes_here(cp):
+        if dtype not in kernel.dtypes:
+            continue
+        for xs, ws, attrs in CONV_CASES:
+            for bias in (False, True):
+                xh = rng.standard_normal(xs).astype(np_dtype(dtype))
+                wh = rng.standard_normal(ws).astype(np_dtype(dtype))
+                bh = rng.standard_normal(ws[0]).astype(np_dtype(dtype)) if bias else None
+                xd = cp.asarray(xh)
+                cases = [("contiguous", xd)]
+                if dtype == "float32":
+                    t = cp.asarray(np.ascontiguousarray(xh.transpose(0, 1, 3, 2))).transpose(0, 1, 3, 2)
+                    cases.append(("transposed", t))
+                for view, xv in cases:
+                    arrays = [xv, cp.asarray(wh)] + ([cp.asarray(bh)] if bias else [])
+                    p = make_problem("conv2d", arrays, dtype, **attrs)
+                    if not kernel.supports(p):
+                        continue
+                    ref = OPS["conv2d"].reference(xh.astype(np.float64), wh.astype(np.float64),
+                                                  None if bh is None else bh.astype(np.float64), **attrs)
+                    configs = kernel.candidates(p) if (dtype in ("float32", "float16") or view != "contiguous") \
+                        else kernel.candidates(p)[:1]
+                    for cfg in configs:
+                        out = kernel.run(p, cfg, *arrays)
+                        ran += 1
+                        assert out.shape == p.out_shape and out.dtype == xv.dtype
+                        err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
+                        if not err <= TOLERANCE[dtype]:
+                            failures.append(f"{dtype} {xs}*{ws} {attrs} bias={bias} {view} {cfg}: {err:.2e}")
+    assert ran > 0
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.gpu
+def test_conv2d_strided_weight_and_misaligned_weight(cp):
+    rng = np.random.default_rng()
+    xh = rng.standard_normal((2, 16, 9, 9)).astype(np.float16)
+    wbig = rng.standard_normal((9, 16, 3, 3)).astype(np.float16)
+    for name, wd, wh in (("sliced", cp.asarray(wbig)[1:], wbig[1:]),  # contiguous view, base not 16-byte aligned
+                         ("transposed", cp.asarray(np.ascontiguousarray(wbig[:8].transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3),
+                          wbig[:8])):
+        for kname in ("igemm_mma", "igemm_simt"):
+            kernel = next(k for k in conv.kernels() if k.name == f"cupy.conv2d.{kname}")
+            p = make_problem("conv2d", [cp.asarray(xh), wd], "float16", padding=1)
+            out = kernel.run(p, kernel.candidates(p)[0], cp.asarray(xh), wd)
+            ref = OPS["conv2d"].reference(xh.astype(np.float64), wh.astype(np.float64), padding=1)
+            assert rel_err(cp.asnumpy(out), ref) <= TOLERANCE["float16"], (name, kname)
+
+
+@pytest.mark.gpu
+def test_selector_uses_these_kernels_through_the_frontend(cp):
+    import opruntime as opr
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((64, 512)).astype(np.float32)
+    out = opr.softmax(x, device="cuda:0")
+    assert rel_err(out.numpy(), OPS["softmax"].reference(x)) < 1e-5
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    xc = rng.standard_normal((2, 4, 10, 10)).astype(np.float32)
+    assert rel_err(opr.conv2d(xc, w, padding=1, device="cuda:0").numpy(),
+                   OPS["conv2d"].reference(xc, w, padding=1)) < 1e-5
