@@ -34,11 +34,6 @@ class Conv2d(Operator):
     operands = ("x", "w", "bias")
     required = 2
 
-    def __call__(self, x: Any, w: Any, bias: Any = None, *, device: Any = None, **attrs: Any) -> Any:
-        if bias is None:
-            return super().__call__(x, w, device=device, **attrs)
-        return super().__call__(x, w, bias, device=device, **attrs)
-
     def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
         sx, sw = shapes[0], shapes[1]
         sb = shapes[2] if len(shapes) > 2 else None
@@ -140,4 +135,6 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, 
     Raises:
         ShapeError, AttributeValueError, DtypeError, DeviceMismatchError: see the module doc.
     """
+    if bias is None:
+        return CONV2D(x, w, device=device, stride=stride, padding=padding, dilation=dilation, groups=groups)
     return CONV2D(x, w, bias, device=device, stride=stride, padding=padding, dilation=dilation, groups=groups)
