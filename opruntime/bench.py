@@ -96,6 +96,8 @@ class Result:
     peers: dict[str, float] = field(default_factory=dict)
     candidates: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    flops: float = math.nan  # floating-point operations of one call (the roofline's numerator)
+    bytes: float = math.nan  # bytes of operands and result (its denominator)
 
     @property
     def overhead_s(self) -> float:
@@ -166,6 +168,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
             views = [d.reshape(s) for d, s in zip(datas, plan.views)]
             res.direct_s = measure(lambda: c.kernel.run(problem, c.config, *views), prov.synchronize, repeats)
         flops = op.flops(problem)
+        res.flops, res.bytes = flops, op.bytes(problem)
         if case.op in ("softmax", "log_softmax"):
             res.rate, res.unit = op.bytes(problem) / res.time_s / 1e9, "GB/s"
         else:
@@ -234,11 +237,25 @@ def _t(s: float) -> str:
     return f"{s * 1e6:.2f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
 
 
-def to_json(results: Sequence[Result], path: str) -> None:
+def environment(devices: Sequence[Device] = ()) -> dict[str, Any]:
+    """Where a benchmark ran: date, versions of opruntime and the peers, the devices."""
+    import importlib.metadata
     import platform
 
-    data = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
-            "results": [asdict(r) | {"ratios": r.ratios()} for r in results]}
+    from . import __version__
+
+    versions = {"opruntime": __version__, "python": platform.python_version()}
+    for dist in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "torch", "jax", "jaxlib", "pyopencl", "triton"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": versions,
+            "devices": {d.name: {"description": d.provider.description, **d.provider.info()} for d in devices}}
+
+
+def to_json(results: Sequence[Result], path: str, devices: Sequence[Device] = ()) -> None:
+    data = {**environment(devices), "results": [asdict(r) | {"ratios": r.ratios()} for r in results]}
     with open(path, "w") as f:
         json.dump(data, f, indent=1, default=str)
 

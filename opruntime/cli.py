@@ -61,7 +61,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                 peers=args.peers.split(",") if args.peers else None))
     print(format_table(results))
     if args.json:
-        to_json(results, args.json)
+        to_json(results, args.json, devices)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
 
