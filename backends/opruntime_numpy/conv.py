@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from opruntime.kernels import Problem, itemsize, roofline
+from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
 from .matmul import CPU_BYTES, CPU_FLOPS
 from .memory import compute_dtype
@@ -114,3 +114,13 @@ def depthwise_cost(problem: Problem, config: Any) -> float:
     taps = kh * kw
     return roofline(_flops(problem), _bytes(problem, 3 * taps * math.prod(problem.out_shape)),
                     CPU_FLOPS / 4, CPU_BYTES, 5e-6)
+
+
+def kernels() -> list[Kernel]:
+    return [
+        Kernel("conv2d", "numpy.conv2d.im2col", "cpu", FLOATS, im2col, cost=im2col_cost),
+        Kernel("conv2d", "numpy.conv2d.pointwise", "cpu", FLOATS, pointwise, supports=is_pointwise,
+               cost=pointwise_cost),
+        Kernel("conv2d", "numpy.conv2d.depthwise", "cpu", FLOATS, depthwise, supports=is_depthwise,
+               cost=depthwise_cost),
+    ]

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from opruntime.kernels import Problem, itemsize, roofline
+from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
 
 F16 = np.dtype(np.float16)
@@ -25,3 +25,7 @@ def cost(problem: Problem, config: Any) -> float:
     flops = 2.0 * math.prod(problem.out_shape) * k
     nbytes = (sum(math.prod(s) for s in problem.shapes) + math.prod(problem.out_shape)) * itemsize(problem.dtype)
     return roofline(flops, nbytes, CPU_FLOPS, CPU_BYTES, 1e-6)
+
+
+def kernels() -> list[Kernel]:
+    return [Kernel("matmul", "numpy.matmul.blas", "cpu", FLOATS, run, cost=cost)]

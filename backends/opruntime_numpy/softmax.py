@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from opruntime.kernels import Problem, itemsize, roofline
+from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
@@ -41,3 +41,10 @@ def log_softmax(problem: Problem, config: Any, x: np.ndarray) -> np.ndarray:
 def cost(problem: Problem, config: Any) -> float:
     n = math.prod(problem.out_shape)
     return roofline(5.0 * n, 4.0 * n * itemsize(problem.dtype), CPU_FLOPS, CPU_BYTES, 2e-6)
+
+
+def kernels() -> list[Kernel]:
+    return [
+        Kernel("softmax", "numpy.softmax.fused", "cpu", FLOATS, softmax, cost=cost),
+        Kernel("log_softmax", "numpy.log_softmax.fused", "cpu", FLOATS, log_softmax, cost=cost),
+    ]
