@@ -5,7 +5,9 @@
 // Build options: T (element type), ACC (accumulator type), USE_FP64 / USE_FP16 (extensions).
 //   gemm_tiled:  TSM, TSN, TSK (the work-group's tile), WPTM, WPTN (the outputs each work-item
 //                computes: register blocking), VW (vector width of global loads, local tiles and
-//                stores: 1, 2 or 4). The work-group is (TSN / WPTN, TSM / WPTM).
+//                stores: 1, 2 or 4), AT (1: the A tile is kept k-major in local memory, so each
+//                k step reads WPTM / VW vectors of A instead of WPTM: fewer registers).
+//                The work-group is (TSN / WPTN, TSM / WPTM).
 //   gemm_simple: TS (a TS x TS tile, one output per work-item).
 
 #ifdef USE_FP64
@@ -16,6 +18,10 @@
 #endif
 
 #ifdef TSM  // ---------------------------------------------------------------- gemm_tiled
+#ifndef VEC4  // vector literals (scripts/opencl_nvcc_check.py redefines them to compile as CUDA)
+#define VEC2(V, a, b) ((V)(a, b))
+#define VEC4(V, a, b, c, d) ((V)(a, b, c, d))
+#endif
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #if VW == 1
@@ -25,11 +31,11 @@
 #elif VW == 2
 #define VT CAT(T, 2)
 #define VGET(v, i) ((i) == 0 ? (v).s0 : (v).s1)
-#define VMAKE(t) ((VT)((t)[0], (t)[1]))
+#define VMAKE(t) VEC2(VT, (t)[0], (t)[1])
 #elif VW == 4
 #define VT CAT(T, 4)
 #define VGET(v, i) ((i) == 0 ? (v).s0 : (i) == 1 ? (v).s1 : (i) == 2 ? (v).s2 : (v).s3)
-#define VMAKE(t) ((VT)((t)[0], (t)[1], (t)[2], (t)[3]))
+#define VMAKE(t) VEC4(VT, (t)[0], (t)[1], (t)[2], (t)[3])
 #endif
 
 #define RTSM (TSM / WPTM)          // work-items along M
@@ -39,6 +45,16 @@
 #define NV (TSN / VW)              // vectors per B-tile row
 #define LPTA (TSM * KV / WG)       // A-tile vectors each work-item loads
 #define LPTB (TSK * NV / WG)       // B-tile vectors each work-item loads
+#if AT  // A-tile vector idx -> (row, k vector): rows fastest, so the transposed stores spread over banks
+#define A_ROW(idx) ((idx) % TSM)
+#define A_KV(idx) ((idx) / TSM)
+#else   // k fastest: each row's vectors are contiguous in memory and in the tile
+#define A_ROW(idx) ((idx) / KV)
+#define A_KV(idx) ((idx) % KV)
+#endif
+#ifndef LOCAL_PTR
+#define LOCAL_PTR __local
+#endif
 
 // Output (and A-tile) row of the work-item's wm-th row: VW consecutive rows per chunk, chunks
 // RTSM * VW apart, so one vector read of the B tile serves VW columns and the stores coalesce.
@@ -51,7 +67,7 @@ inline void load_tiles(__global const T* A, __global const T* B, int lda, int ld
                        int m0, int n0, int k0, bool a_fast, bool b_fast, int tid, VT* ra, VT* rb) {
     #pragma unroll
     for (int l = 0; l < LPTA; l++) {
-        int idx = l * WG + tid, r = idx / KV, kv = idx % KV;
+        int idx = l * WG + tid, r = A_ROW(idx), kv = A_KV(idx);
         if (a_fast) {
             ra[l] = *(__global const VT*)(A + (size_t)r * lda + kv * VW);
         } else {
@@ -86,7 +102,11 @@ void gemm_tiled(const int M, const int N, const int K,
                 __global const T* A, __global const long* aoff, const int lda, const int a_vec,
                 __global const T* B, __global const long* boff, const int ldb, const int b_vec,
                 __global T* C, const int c_vec) {
-    __local VT As[TSM][KV];
+#if AT
+    __local T As[TSK][TSM] __attribute__((aligned(sizeof(VT))));   // k-major: As[k][m]
+#else
+    __local VT As[TSM][KV];   // row-major: As[m][k vector]
+#endif
     __local VT Bs[TSK][NV];
 
     const int lx = get_local_id(0), ly = get_local_id(1), tid = ly * RTSN + lx;
@@ -110,7 +130,15 @@ void gemm_tiled(const int M, const int N, const int K,
     for (int t = 0; t < ntiles; t++) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's readers are done
         #pragma unroll
-        for (int l = 0; l < LPTA; l++) { int idx = l * WG + tid; As[idx / KV][idx % KV] = ra[l]; }
+        for (int l = 0; l < LPTA; l++) {
+            int idx = l * WG + tid;
+#if AT
+            #pragma unroll
+            for (int c = 0; c < VW; c++) As[A_KV(idx) * VW + c][A_ROW(idx)] = VGET(ra[l], c);
+#else
+            As[A_ROW(idx)][A_KV(idx)] = ra[l];
+#endif
+        }
         #pragma unroll
         for (int l = 0; l < LPTB; l++) { int idx = l * WG + tid; Bs[idx / NV][idx % NV] = rb[l]; }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -120,6 +148,22 @@ void gemm_tiled(const int M, const int N, const int K,
             load_tiles(A + k1, B + (long)k1 * ldb, lda, ldb, M, N, K, m0, n0, k1,
                        a_vec && rows_in && kin, b_vec && cols_in && kin, tid, ra, rb);
         }
+#if AT
+        #pragma unroll
+        for (int k = 0; k < TSK; k++) {
+            VT a[WPTM / VW], b[WPTN / VW];
+            #pragma unroll
+            for (int i = 0; i < WPTM / VW; i++) a[i] = *(LOCAL_PTR const VT*)&As[k][ROW(ly, i * VW)];
+            #pragma unroll
+            for (int j = 0; j < WPTN / VW; j++) b[j] = Bs[k][COLV(lx, j)];
+            #pragma unroll
+            for (int i = 0; i < WPTM; i++) {
+                ACC ai = (ACC)VGET(a[i / VW], i % VW);
+                #pragma unroll
+                for (int j = 0; j < WPTN; j++) acc[i][j] += ai * (ACC)VGET(b[j / VW], j % VW);
+            }
+        }
+#else
         #pragma unroll
         for (int kv = 0; kv < KV; kv++) {
             VT a[WPTM];
@@ -138,6 +182,7 @@ void gemm_tiled(const int M, const int N, const int K,
                 }
             }
         }
+#endif
     }
 
     const bool c_fast = c_vec && rows_in && cols_in;

@@ -18,6 +18,7 @@ from opruntime.kernels import Kernel, Problem, itemsize
 from . import build
 from .memory import OpenCLDevice, element_offset, elem_strides, kernel_dtypes, provider
 
+
 def kernels() -> list[Kernel]:
     src, dtypes = build.source("matmul.cl"), kernel_dtypes()
     return [
@@ -29,18 +30,21 @@ def kernels() -> list[Kernel]:
     ]
 
 
-#: The tuned kernel's variants: tile (TSM x TSN x TSK), outputs per work-item (WPTM x WPTN) and
-#: vector width VW. ``config_for`` keeps those that fit the device and orders them by cost.
+#: The tuned kernel's variants: tile (TSM x TSN x TSK), outputs per work-item (WPTM x WPTN),
+#: vector width VW, A tile k-major (AT) and, on NVIDIA, a register cap (MAXREG, 0: none; ptxas
+#: needs 167 registers for 128x128x16 uncapped, i.e. one work-group per SM, and spills nothing at
+#: 128: scripts/opencl_nvcc_check.py). ``config_for`` keeps those that fit the device, by cost.
 TILED_CONFIGS: tuple[dict[str, int], ...] = (
-    dict(TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, VW=4),
-    dict(TSM=128, TSN=128, TSK=8, WPTM=8, WPTN=8, VW=4),
-    dict(TSM=128, TSN=64, TSK=16, WPTM=8, WPTN=4, VW=4),
-    dict(TSM=64, TSN=128, TSK=16, WPTM=4, WPTN=8, VW=4),
-    dict(TSM=64, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4),
-    dict(TSM=64, TSN=64, TSK=16, WPTM=8, WPTN=4, VW=4),
-    dict(TSM=32, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4),
-    dict(TSM=32, TSN=32, TSK=16, WPTM=2, WPTN=2, VW=2),
-    dict(TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, VW=4),
+    dict(TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, VW=4, AT=1, MAXREG=128),
+    dict(TSM=128, TSN=128, TSK=8, WPTM=8, WPTN=8, VW=4, AT=1, MAXREG=0),
+    dict(TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, VW=4, AT=0, MAXREG=0),
+    dict(TSM=128, TSN=64, TSK=16, WPTM=8, WPTN=4, VW=4, AT=1, MAXREG=0),
+    dict(TSM=64, TSN=128, TSK=16, WPTM=4, WPTN=8, VW=4, AT=1, MAXREG=0),
+    dict(TSM=64, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4, AT=1, MAXREG=0),
+    dict(TSM=64, TSN=64, TSK=16, WPTM=8, WPTN=4, VW=4, AT=0, MAXREG=0),
+    dict(TSM=32, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4, AT=1, MAXREG=0),
+    dict(TSM=32, TSN=32, TSK=16, WPTM=2, WPTN=2, VW=2, AT=0, MAXREG=0),
+    dict(TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, VW=4, AT=1, MAXREG=0),
 )
 SIMPLE_CONFIGS: tuple[dict[str, int], ...] = (dict(TS=16), dict(TS=8))
 
@@ -102,8 +106,9 @@ def run_tiled(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> An
     vw = config["VW"]
     a_vec = lda % vw == 0 and not (ha % vw).any()
     b_vec = ldb % vw == 0 and not (hb % vw).any()
+    extra = (f"-cl-nv-maxrregcount={config['MAXREG']}",) if dev.is_nvidia and config.get("MAXREG") else ()
     knl = build.kernel(dev, build.source("matmul.cl"), defines(problem.dtype, config), "gemm_tiled",
-                       label="opencl.matmul.tiled")
+                       label="opencl.matmul.tiled", extra=extra)
     rtsm, rtsn = config["TSM"] // config["WPTM"], config["TSN"] // config["WPTN"]
     gsize = (-(-n // config["TSN"]) * rtsn, -(-m // config["TSM"]) * rtsm, nb)
     i32 = np.int32

@@ -2,12 +2,15 @@
 // (r / inner, r % inner), its elements are `inner` apart (1 for the last axis).
 //
 // Build options: T, ACC (element / compute type), USE_FP64 / USE_FP16, LOG (0 softmax, 1 log_softmax).
-//   softmax_rows:    TPR work-items per row, RPW rows per work-group (work-group TPR x RPW),
-//                    VW vector width (> 1 only for the last axis, aligned rows), NV vectors per
-//                    work-item held in registers (ONEPASS 1: one read, one write) or ONEPASS 0 (the
-//                    row is re-read: long rows). RED: 0 local memory, 1 NVIDIA warp shuffles
-//                    (inline PTX), 2 cl_khr_subgroups (RPW == 1 only).
-//   softmax_columns: one work-item per row, reading down the column: coalesced when inner is large.
+//   softmax_rows:    TPR work-items per row, RPW rows per work-group (work-group TPR x RPW);
+//                    VW vector width (1, 2, 4, 8, 16; > 1 only for the last axis with L % VW == 0
+//                    and an aligned start, which the host checks); ONEPASS 1: the row is held in
+//                    NV vectors per work-item (one read, one write), ONEPASS 0: the row is re-read
+//                    (long rows). RED: 0 local memory, 1 NVIDIA warp shuffles (inline PTX, float
+//                    only), 2 cl_khr_subgroups (RPW == 1 only).
+//   softmax_columns: one work-item per row, walking down the column with an online max / sum:
+//                    coalesced when inner is large.
+// Math is done on VW-wide vectors (exp, fmax on vectors), which CPU devices map to SIMD.
 
 #ifdef USE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -20,29 +23,40 @@
 #endif
 
 #define NEG_INF (-INFINITY)
+#define ADD(a, b) ((a) + (b))
 
-inline ACC finish(ACC x, ACC m, ACC s) {
-#if LOG
-    return x - m - log(s);
-#else
-    return exp(x - m) / s;
-#endif
-}
-
-#ifdef TPR  // ------------------------------------------------------------------ softmax_rows
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #if VW == 1
 #define VT T
-#elif VW == 2
-#define VT CAT(T, 2)
-#define VGET(v, i) ((i) == 0 ? (v).s0 : (v).s1)
-#define VMAKE(t) ((VT)((t)[0], (t)[1]))
-#elif VW == 4
-#define VT CAT(T, 4)
-#define VGET(v, i) ((i) == 0 ? (v).s0 : (i) == 1 ? (v).s1 : (i) == 2 ? (v).s2 : (v).s3)
-#define VMAKE(t) ((VT)((t)[0], (t)[1], (t)[2], (t)[3]))
+#define VACC ACC
+#define TO_ACC(v) ((ACC)(v))
+#define TO_T(v) ((T)(v))
+#define HRED(v, f) (v)
+#else
+#define VT CAT(T, VW)
+#define VACC CAT(ACC, VW)
+#define TO_ACC(v) CAT(convert_, VACC)(v)
+#define TO_T(v) CAT(convert_, VT)(v)
+// horizontal reduction of a vector by halves
+#define HRED2(v, f) f((v).s0, (v).s1)
+#define HRED4(v, f) HRED2(f((v).lo, (v).hi), f)
+#define HRED8(v, f) HRED4(f((v).lo, (v).hi), f)
+#define HRED16(v, f) HRED8(f((v).lo, (v).hi), f)
+#define HRED(v, f) CAT(HRED, VW)(v, f)
 #endif
+// element e of a column group (VW adjacent rows, contiguous in memory)
+#if VW == 1
+#define LOADC(p, e) ((ACC)(p)[(long)(e) * inner])
+#define STOREC(p, e, v) ((p)[(long)(e) * inner] = (T)(v))
+#else
+#define LOADC(p, e) TO_ACC(*(__global const VT*)((p) + (long)(e) * inner))
+#define STOREC(p, e, v) (*(__global VT*)((p) + (long)(e) * inner) = TO_T(v))
+#endif
+#define ISNEGINF(v) ((v) == (VACC)(NEG_INF))
+
+
+#ifdef TPR  // ------------------------------------------------------------------ softmax_rows
 #define WARPS ((TPR + 31) / 32)
 
 inline ACC combine(ACC a, ACC b, int is_max) { return is_max ? fmax(a, b) : a + b; }
@@ -55,10 +69,12 @@ inline float shfl_xor(float v, int mask) {
 }
 #endif
 
-// Reduce v over the TPR work-items of this row. `buf` holds (at least) TPR values of this row
-// and `buf2` 32; each reduction of a kernel gets its own buffers, so no barrier is needed after.
+// Reduce v over the TPR work-items of this row. `buf` holds TPR values of this row and `buf2`
+// 32; each reduction in a kernel has its own buffers, so no barrier is needed after it.
 inline ACC row_reduce(ACC v, int is_max, int lx, __local ACC* buf, __local ACC* buf2) {
-#if RED == 1
+#if TPR == 1
+    return v;
+#elif RED == 1
     #pragma unroll
     for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o /= 2) v = combine(v, shfl_xor(v, o), is_max);
 #if TPR > 32
@@ -95,6 +111,15 @@ inline ACC row_reduce(ACC v, int is_max, int lx, __local ACC* buf, __local ACC* 
 #endif
 }
 
+// element e of the row (a vector of VW when VW > 1: then inner == 1)
+#if VW == 1
+#define LOADV(p, e) TO_ACC((p)[(long)(e) * inner])
+#define STOREV(p, e, v) ((p)[(long)(e) * inner] = TO_T(v))
+#else
+#define LOADV(p, e) TO_ACC(*(__global const VT*)((p) + (e)))
+#define STOREV(p, e, v) (*(__global VT*)((p) + (e)) = TO_T(v))
+#endif
+
 __kernel __attribute__((reqd_work_group_size(TPR, RPW, 1)))
 void softmax_rows(__global const T* x, const long xoff, __global T* y, const int rows, const int L,
                   const int inner) {
@@ -106,42 +131,31 @@ void softmax_rows(__global const T* x, const long xoff, __global T* y, const int
     const long base = (long)(row / inner) * L * inner + row % inner;
     __global const T* xr = x + xoff + base;
     __global T* yr = y + base;
-    ACC m = NEG_INF, s = (ACC)0;
+    VACC mv = (VACC)(NEG_INF), sv = (VACC)(0);
 
 #if ONEPASS
-    ACC v[NV * VW];
+    VACC v[NV];
     #pragma unroll
     for (int i = 0; i < NV; i++) {
         int e = (i * TPR + lx) * VW;
-#if VW == 1
-        v[i] = (active && e < L) ? (ACC)xr[(long)e * inner] : NEG_INF;
-#else
-        if (active && e < L) {  // L % VW == 0 and the row is aligned (the host checks)
-            VT t = *(__global const VT*)(xr + e);
-            #pragma unroll
-            for (int c = 0; c < VW; c++) v[i * VW + c] = (ACC)VGET(t, c);
-        } else {
-            #pragma unroll
-            for (int c = 0; c < VW; c++) v[i * VW + c] = NEG_INF;
-        }
-#endif
-        #pragma unroll
-        for (int c = 0; c < VW; c++) m = fmax(m, v[i * VW + c]);
+        v[i] = (active && e < L) ? LOADV(xr, e) : (VACC)(NEG_INF);
+        mv = fmax(mv, v[i]);
     }
-    m = row_reduce(m, 1, lx, red_max[ly], red_max2[ly]);
+    const ACC m = row_reduce(HRED(mv, fmax), 1, lx, red_max[ly], red_max2[ly]);
     #pragma unroll
-    for (int i = 0; i < NV * VW; i++) {
-        int e = (i / VW * TPR + lx) * VW + i % VW;
-        if (e < L) {
-            ACC ex = exp(v[i] - m);
-            s += ex;
+    for (int i = 0; i < NV; i++) {
+        if ((i * TPR + lx) * VW < L) {
+            VACC ex = exp(v[i] - m);
+            sv += ex;
 #if !LOG
             v[i] = ex;  // kept: the output is ex / s
 #endif
         }
     }
-    s = row_reduce(s, 0, lx, red_sum[ly], red_sum2[ly]);
-#if !LOG
+    const ACC s = row_reduce(HRED(sv, ADD), 0, lx, red_sum[ly], red_sum2[ly]);
+#if LOG
+    const ACC lse = m + log(s);
+#else
     const ACC inv = (ACC)1 / s;
 #endif
     #pragma unroll
@@ -149,48 +163,60 @@ void softmax_rows(__global const T* x, const long xoff, __global T* y, const int
         int e = (i * TPR + lx) * VW;
         if (!active || e >= L) continue;
 #if LOG
-        ACC lse = m + log(s);
-#define OUT(val) ((val) - lse)
+        STOREV(yr, e, v[i] - lse);
 #else
-#define OUT(val) ((val) * inv)
+        STOREV(yr, e, v[i] * inv);
 #endif
-#if VW == 1
-        yr[(long)e * inner] = (T)OUT(v[i]);
-#else
-        T t[VW];
-        #pragma unroll
-        for (int c = 0; c < VW; c++) t[c] = (T)OUT(v[i * VW + c]);
-        *(__global VT*)(yr + e) = VMAKE(t);
-#endif
-#undef OUT
     }
 #else  // ONEPASS == 0: long rows, read three times
-    for (int e = lx; e < L && active; e += TPR) m = fmax(m, (ACC)xr[(long)e * inner]);
-    m = row_reduce(m, 1, lx, red_max[ly], red_max2[ly]);
-    for (int e = lx; e < L && active; e += TPR) s += exp((ACC)xr[(long)e * inner] - m);
-    s = row_reduce(s, 0, lx, red_sum[ly], red_sum2[ly]);
-    for (int e = lx; e < L && active; e += TPR) yr[(long)e * inner] = (T)finish((ACC)xr[(long)e * inner], m, s);
+    for (int e = lx * VW; e < L && active; e += TPR * VW) mv = fmax(mv, LOADV(xr, e));
+    const ACC m = row_reduce(HRED(mv, fmax), 1, lx, red_max[ly], red_max2[ly]);
+    VACC comp = (VACC)(0);  // Kahan compensation: long rows make long serial sums
+    for (int e = lx * VW; e < L && active; e += TPR * VW) {
+        VACC yk = exp(LOADV(xr, e) - m) - comp, t = sv + yk;
+        comp = (t - sv) - yk;
+        sv = t;
+    }
+    const ACC s = row_reduce(HRED(sv, ADD), 0, lx, red_sum[ly], red_sum2[ly]);
+#if LOG
+    const ACC lse = m + log(s);
+    for (int e = lx * VW; e < L && active; e += TPR * VW) STOREV(yr, e, LOADV(xr, e) - lse);
+#else
+    const ACC inv = (ACC)1 / s;
+    for (int e = lx * VW; e < L && active; e += TPR * VW) STOREV(yr, e, exp(LOADV(xr, e) - m) * inv);
+#endif
 #endif
 }
 #endif  // TPR
 
 #ifdef COLUMNS  // ---------------------------------------------------------- softmax_columns
+// Each work-item takes VW adjacent rows (adjacent in the inner dim: inner % VW == 0), so every
+// load is a VW-wide vector and neighbouring work-items read neighbouring vectors.
 __kernel void softmax_columns(__global const T* x, const long xoff, __global T* y, const int rows, const int L,
                               const int inner) {
-    const int row = get_global_id(0);
+    const int row = get_global_id(0) * VW;
     if (row >= rows) return;
     const long base = (long)(row / inner) * L * inner + row % inner;
     __global const T* xr = x + xoff + base;
-    ACC m = NEG_INF, s = (ACC)0;
+    __global T* yr = y + base;
+    VACC m = (VACC)(NEG_INF), s = (VACC)(0), comp = (VACC)(0);  // comp: Kahan compensation
     for (int e = 0; e < L; e++) {  // online max and sum: one read
-        ACC v = (ACC)xr[(long)e * inner];
-        if (v > m) {
-            s = s * exp(m - v) + (ACC)1;
-            m = v;
-        } else if (v != NEG_INF) {
-            s += exp(v - m);
-        }
+        VACC v = LOADC(xr, e), mnew = fmax(m, v);
+        VACC scale = select(exp(m - mnew), (VACC)(0), ISNEGINF(mnew));  // rescale what was summed
+        VACC add = select(exp(v - mnew), (VACC)(0), ISNEGINF(mnew));
+        s *= scale;
+        comp *= scale;
+        VACC yk = add - comp, t = s + yk;
+        comp = (t - s) - yk;
+        s = t;
+        m = mnew;
     }
-    for (int e = 0; e < L; e++) y[base + (long)e * inner] = (T)finish((ACC)xr[(long)e * inner], m, s);
+#if LOG
+    const VACC lse = m + log(s);
+    for (int e = 0; e < L; e++) STOREC(yr, e, LOADC(xr, e) - lse);
+#else
+    const VACC inv = (VACC)(1) / s;
+    for (int e = 0; e < L; e++) STOREC(yr, e, exp(LOADC(xr, e) - m) * inv);
+#endif
 }
 #endif  // COLUMNS

@@ -25,9 +25,16 @@ from .memory import OpenCLDevice, element_offset, kernel_dtypes, provider
 
 #: The rows kernel's menu: work-items per row and the widest vector; ``config_for`` completes
 #: each into a concrete config (rows per work-group, vectors per work-item, reduction).
-ROW_CONFIGS: tuple[dict[str, int], ...] = tuple(dict(TPR=t, VW=4) for t in (256, 128, 512, 1024, 64, 32, 16))
-COLUMN_CONFIGS: tuple[dict[str, int], ...] = (dict(WG=128), dict(WG=64))
-MAX_NV = 16  # vectors per work-item kept in registers; longer rows take the three-read path
+ROW_CONFIGS: tuple[dict[str, int], ...] = (
+    *(dict(TPR=t, VW=4) for t in (256, 128, 512, 1024, 64, 32)),  # GPUs: many work-items per row
+    dict(TPR=1, VW=16), dict(TPR=1, VW=8), dict(TPR=4, VW=16),  # CPUs: a row per work-item, SIMD-wide vectors
+)
+COLUMN_CONFIGS: tuple[dict[str, int], ...] = (dict(WG=128, VW=4), dict(WG=64, VW=16), dict(WG=256, VW=1))
+
+
+def max_nv(dev: OpenCLDevice) -> int:
+    """Vectors per work-item held for a one-pass row (registers on a GPU, cache on a CPU)."""
+    return 16 if dev.is_gpu else 64
 
 
 def kernels() -> list[Kernel]:
@@ -88,10 +95,11 @@ def run_columns(problem: Problem, config: Mapping[str, int], x: Any) -> Any:
     dev = provider(problem.device)
     rows, length, inner = _geometry(problem)
     x, xoff = _input(dev, x)
+    vw = config["VW"] if xoff % config["VW"] == 0 else 1
     out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
-    knl = build.kernel(dev, build.source("softmax.cl"), {**_defines(problem, {}), "COLUMNS": 1},
+    knl = build.kernel(dev, build.source("softmax.cl"), {**_defines(problem, {"VW": vw}), "COLUMNS": 1},
                        "softmax_columns", label=f"opencl.{problem.op}.columns")
-    dev.launch(knl, (rows,), (config["WG"],), x.base_data, np.int64(xoff), out.base_data,
+    dev.launch(knl, (rows // vw,), (config["WG"],), x.base_data, np.int64(xoff), out.base_data,
                np.int32(rows), np.int32(length), np.int32(inner))
     return out
 
@@ -111,8 +119,8 @@ def complete(problem: Problem, menu: Mapping[str, int]) -> dict[str, int] | None
         return None
     vw = menu["VW"] if inner == 1 and length % menu["VW"] == 0 else 1
     nv = _pow2(-(-length // (tpr * vw)))
-    onepass = nv <= MAX_NV
-    target = 256 if dev.is_gpu else 64
+    onepass = nv <= max_nv(dev)
+    target = 256 if dev.is_gpu else 16
     rpw = max(1, min(target // tpr, _pow2(rows), limits[1], dev.max_wg // tpr))
     red = 0
     if dev.is_nvidia and problem.dtype != "float64":
@@ -133,7 +141,10 @@ def row_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
 
 def column_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
     dev = provider(problem.device)
-    return [c for c in COLUMN_CONFIGS if c["WG"] <= dev.max_wg]
+    inner = _geometry(problem)[2]
+    fit = [{**c, "VW": c["VW"] if inner % c["VW"] == 0 else 1} for c in COLUMN_CONFIGS if c["WG"] <= dev.max_wg]
+    unique = list({tuple(sorted(c.items())): c for c in fit}.values())
+    return sorted(unique, key=lambda c: columns_cost(problem, c))
 
 
 def supports(problem: Problem) -> bool:
@@ -149,26 +160,34 @@ def rows_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     rows, length, inner = _geometry(problem)
     if "RPW" not in cfg:
         cfg = complete(problem, cfg) or {**cfg, "RPW": 1, "NV": 1, "ONEPASS": 0, "RED": 0}
+    tpr, vw, nv = cfg["TPR"], cfg["VW"], cfg["NV"]
     n = _bytes(problem)
     passes = 2.0 if cfg["ONEPASS"] else 4.0
-    strided = min(8.0, float(inner)) if dev.is_gpu else (1.0 if inner == 1 else 2.0)
-    mem = passes * n * strided / dev.bandwidth
-    # idle work-items (padding) and register-heavy rows cost a little; few groups underfill a GPU
-    used = length / (cfg["TPR"] * cfg["VW"] * cfg["NV"]) if cfg["ONEPASS"] else 1.0
-    shape_penalty = 1.0 + 0.3 * (1.0 - used) + 0.05 * abs(math.log2(max(cfg["NV"], 1) / 4))
-    groups = -(-rows // cfg["RPW"])
-    fill = max(1.0, dev.compute_units * (4 if dev.is_gpu else 1) / groups)
+    if dev.is_gpu:  # coalesced only with many work-items per row along a contiguous axis
+        access = 8.0 if inner > 1 else (1.0 if tpr >= 32 else 4.0)
+        fill = min(8.0, max(1.0, dev.compute_units * 4 / -(-rows // cfg["RPW"])))
+        used = length / (tpr * vw * nv) if cfg["ONEPASS"] else 1.0
+        shape = (1.0 + 0.3 * (1.0 - used) + 0.05 * abs(math.log2(max(nv, 1) / 4))) * fill
+    else:  # a CPU wants SIMD-wide vectors (exp and max on them) and no barriers
+        access = {16: 1.0, 8: 1.3, 4: 2.0, 2: 3.5}.get(vw, 5.0) * (1.0 if tpr == 1 else 1.2 + 0.05 * tpr)
+        shape = 1.0 if cfg["ONEPASS"] else 1.2
+        passes = 2.0
     copy = 0.0 if problem.contiguous else 2 * n / dev.bandwidth
-    return mem * shape_penalty * min(fill, 8.0) + copy + dev.launch_s
+    return passes * n * access * shape / dev.bandwidth + copy + dev.launch_s
 
 
 def columns_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     dev = provider(problem.device)
     rows, length, inner = _geometry(problem)
+    vw = cfg.get("VW", 1) if inner % cfg.get("VW", 1) == 0 else 1
     n = _bytes(problem)
-    coalesced = inner >= 16 or not dev.is_gpu
-    mem = 3.0 * n * (1.0 if coalesced else 8.0) / dev.bandwidth
-    lanes = dev.compute_units * (2048 if dev.is_gpu else 16)
-    serial = length * (4e-9 if dev.is_gpu else 2e-9) * -(-rows // lanes) * (1.0 if rows >= lanes else lanes / rows / 4)
+    if dev.is_gpu:
+        access = 1.0 if inner * itemsize(problem.dtype) >= 128 else 8.0
+        lanes = dev.compute_units * 2048
+    else:
+        access = {16: 1.0, 8: 1.3, 4: 2.0, 2: 3.5}.get(vw, 5.0)
+        lanes = dev.compute_units
+    # one pass reads and one reads and writes; few columns leave the device idle
+    busy = min(1.0, (rows / vw) / lanes)
     copy = 0.0 if problem.contiguous else 2 * n / dev.bandwidth
-    return max(mem, serial) * (1.0 if inner > 1 else 1.5) + copy + dev.launch_s
+    return 3.0 * n * access / (dev.bandwidth * busy) + copy + dev.launch_s
