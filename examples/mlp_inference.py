@@ -14,6 +14,7 @@ here use the device array's own library when it has NumPy semantics and the host
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 
@@ -31,7 +32,7 @@ def relu_bias(t: opr.Tensor, bias: np.ndarray) -> opr.Tensor:
 class MLP:
     def __init__(self, sizes: list[int], rng: np.random.Generator) -> None:
         self.host = [((rng.standard_normal((m, n)) / np.sqrt(m)).astype(np.float32),
-                      0.1 * rng.standard_normal(n).astype(np.float32)) for m, n in zip(sizes, sizes[1:])]
+                      0.1 * rng.standard_normal(n).astype(np.float32)) for m, n in itertools.pairwise(sizes)]
         # no device named: the configured one (uploaded once; the weights stay there)
         self.weights = [(opr.tensor(w), b) for w, b in self.host]
         self.device = self.weights[0][0].device
@@ -78,8 +79,9 @@ def main() -> int:
         ref = model.reference(x)
         worst = max(worst, float(np.linalg.norm(probs - ref) / np.linalg.norm(ref)))
     dt = elapsed / args.batches
+    sums = probs.sum(axis=1)
     print(f"{args.batches} batches of {args.batch}: {dt * 1e3:.2f} ms per batch; predicted classes "
-          f"{probs.argmax(axis=1)[:8].tolist()}...; rows sum to {probs.sum(axis=1).min():.6f}..{probs.sum(axis=1).max():.6f}")
+          f"{probs.argmax(axis=1)[:8].tolist()}...; rows sum to {sums.min():.6f}..{sums.max():.6f}")
     print(f"relative error vs float64 reference: {worst:.2e}")
     if not worst < 1e-5:
         print("FAILED: the result differs from the reference", file=sys.stderr)

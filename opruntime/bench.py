@@ -254,8 +254,13 @@ def environment(devices: Sequence[Device] = ()) -> dict[str, Any]:
             "devices": {d.name: {"description": d.provider.description, **d.provider.info()} for d in devices}}
 
 
-def to_json(results: Sequence[Result], path: str, devices: Sequence[Device] = ()) -> None:
-    data = {**environment(devices), "results": [asdict(r) | {"ratios": r.ratios()} for r in results]}
+def to_json(results: Sequence[Result], path: str, devices: Sequence[Device] = (),
+            extra: dict[str, Any] | None = None) -> None:
+    """Write the results, where they ran and ``extra`` (e.g. ``roofline``) as JSON; path "-" is stdout."""
+    data = {**environment(devices), "results": [asdict(r) | {"ratios": r.ratios()} for r in results], **(extra or {})}
+    if path == "-":
+        print(json.dumps(data, indent=1, default=str))
+        return
     with open(path, "w") as f:
         json.dump(data, f, indent=1, default=str)
 

@@ -49,20 +49,39 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from opruntime.bench import format_table, run_case, to_json
     from opruntime.plugins import registry
+    from opruntime.progress import Progress
 
+    if args.plot:
+        from opruntime.benchplot import require_matplotlib
+
+        require_matplotlib()  # before the benchmark, not after it
     reg = registry()
     cases = _cases(args)
     devices = [reg.device(d) for d in args.device] if args.device else [reg.devices[0]]
     results = []
     total = len(cases) * len(devices)
-    for i, (dev, case) in enumerate(((d, c) for d in devices for c in cases), 1):
-        print(f"[{i}/{total}] {case.op} {case.label} {case.dtype} on {dev.name} ...", file=sys.stderr, flush=True)
-        results.append(run_case(case, dev, repeats=args.repeats, kernels=args.kernels,
-                                peers=args.peers.split(",") if args.peers else None))
-    print(format_table(results))
+    with Progress(total, "bench") as progress:
+        for i, (dev, case) in enumerate((d, c) for d in devices for c in cases):
+            progress.update(i, f"{case.op} {case.label} {case.dtype} on {dev.name}")
+            results.append(run_case(case, dev, repeats=args.repeats, kernels=args.kernels,
+                                    peers=args.peers.split(",") if args.peers else None))
+        progress.update(total)
+    if args.json != "-":  # with --json -, stdout is the JSON alone
+        print(format_table(results))
+    roofs: dict[str, dict] = {}
+    if args.plot:
+        from opruntime.benchplot import plot, roofline_figures
+
+        with Progress(len(devices), "roofline") as progress:
+            for i, dev in enumerate(devices):
+                progress.update(i, f"the roofline of {dev.name}")
+                roofs[dev.name] = roofline_figures(dev, sorted({r.dtype for r in results if r.device == dev.name}))
+        plot(results, args.plot, roofs)
+        print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
-        to_json(results, args.json, devices)
-        print(f"wrote {args.json}", file=sys.stderr)
+        to_json(results, args.json, devices, {"roofline": roofs} if roofs else None)
+        if args.json != "-":
+            print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
 
 
@@ -132,7 +151,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                              f"{best.measured * 1e6:.1f} us" if best.measured else "-",
                              f"{min(vendor) / best.measured:.2f}x" if vendor and best.measured else "-",
                              why.split(" (")[0], f"{time.perf_counter() - t0:.2f} s"])
-    _table(["op", "problem", "dtype", "device", "winner", "time", "vs vendor", "how", "tuning"], rows)
+    head = ["op", "problem", "dtype", "device", "winner", "time", "vs vendor", "how", "tuning"]
+    if args.json:
+        print(json.dumps([dict(zip(head, r)) for r in rows], indent=1))
+        return 0
+    _table(head, rows)
     print(f"(cache: {cache.tuning_cache().path}; vs vendor = vendor time / winner time)")
     return 0
 
@@ -176,8 +199,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     case = parse_case(args.op, args.shape, args.dtype, args.attr)
     arrays = [np.random.default_rng(0).standard_normal(s).astype(args.dtype) for s in case.shapes]
-    print(opr.explain(args.op, *arrays, device=args.device, **dict(case.attrs)))
+    ex = opr.explain(args.op, *arrays, device=args.device, **dict(case.attrs))
+    if args.json:
+        print(json.dumps({"problem": str(ex.problem), "device": ex.device, "chosen": ex.chosen, "why": ex.why,
+                          "cached": ex.cached,
+                          "candidates": [{"label": c.label, "kernel": c.kernel.name, "config": dict(c.config),
+                                          "estimate_s": _finite(c.cost), "measured_s": _finite(c.measured),
+                                          "status": c.status} for c in ex.candidates]}, indent=1, default=str))
+        return 0
+    print(ex)
     return 0
+
+
+def _finite(x: float | None) -> float | None:
+    """A number for JSON: inf and NaN (not JSON) become null."""
+    import math
+
+    return x if x is not None and math.isfinite(x) else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,7 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=15)
     b.add_argument("--kernels", action="store_true", help="also time every candidate kernel directly")
     b.add_argument("--peers", help="comma-separated peers to time (default: all installed)")
-    b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    b.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-': print it instead of the table)")
+    b.add_argument("--plot", metavar="PATH", help="also draw bars per operator and a roofline per device "
+                   "(png, svg or pdf; needs matplotlib)")
     b.set_defaults(fn=cmd_bench)
 
     t = sub.add_parser("tune", help="autotune problems into the persistent cache; a table of winners")
@@ -211,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--suite", default="demo", choices=sorted(SUITES))
     t.add_argument("--budget", type=float, help="seconds per problem (default: the tune_budget setting)")
     t.add_argument("--force", action="store_true", help="tune again even when the cache has a result")
+    t.add_argument("--json", action="store_true", help="print JSON instead of the table")
     t.set_defaults(fn=cmd_tune)
 
     c = sub.add_parser("cache", help="the tuning cache: path | list | export PATH | import PATH | clear")
@@ -225,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="float32")
     e.add_argument("--attr", action="append", default=[])
     e.add_argument("--device")
+    e.add_argument("--json", action="store_true", help="print JSON")
     e.set_defaults(fn=cmd_explain)
     return p
 

@@ -21,9 +21,9 @@ import numpy as np
 # uses the nearest opruntime.toml / pyproject.toml above the working directory.
 os.environ.setdefault("OPRUNTIME_CONFIG", str(Path(__file__).with_name("opruntime.toml")))
 
-import opruntime as opr  # noqa: E402  (after the environment is set)
-from opruntime.config import settings  # noqa: E402
-from opruntime.ops import OPS  # noqa: E402
+import opruntime as opr  # after the environment is set
+from opruntime.config import settings
+from opruntime.ops import OPS
 
 
 def main() -> int:
