@@ -18,7 +18,6 @@ import itertools
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +41,8 @@ def events_median(cp, fn, repeats=20, warmup=3) -> float:
     return float(np.median(ts))
 
 
-def prebuild(mm, compile) -> tuple[int, float]:
+def prebuild(mm, compile, arch: str) -> tuple[int, float, list[str]]:
+    """Every layout / vector / dtype variant of every config, compiled in worker processes."""
     jobs = []
     for cfg in mm.SIMT_CONFIGS:
         base = {k: v for k, v in cfg.items() if k not in mm._NOT_DEFINES}
@@ -55,19 +55,8 @@ def prebuild(mm, compile) -> tuple[int, float]:
             jobs.append(("matmul_hgemm.cu", {**base, "A_KCONTIG": bool(ak), "B_NCONTIG": bool(bn),
                                              "VEC_A": bool(va), "VEC_B": bool(vb), "BF16": bool(bf)}))
     t0 = time.perf_counter()
-    errors = []
-
-    def build(job):
-        try:
-            compile.load(job[0], job[1], 0)
-        except Exception as exc:
-            errors.append(f"{job}: {exc}")
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 8) as pool:
-        list(pool.map(build, jobs))
-    for e in errors[:5]:
-        print("BUILD FAILED", e)
-    return len(jobs) - len(errors), time.perf_counter() - t0
+    errors = compile.prebuild(jobs, arch)
+    return len(jobs) - len(errors), time.perf_counter() - t0, errors
 
 
 def main() -> int:
@@ -95,8 +84,10 @@ def main() -> int:
         f"driver {cp.cuda.runtime.driverGetVersion()}, runtime {cp.cuda.runtime.runtimeGetVersion()}")
     bf16 = memory.bfloat16()
     say(f"# cupy bfloat16 arrays: {bf16 is not None}; cuBLAS bfloat16 via cupy.matmul: {mm._cublas_bf16()}")
-    n, secs = prebuild(mm, compile)
+    n, secs, errors = prebuild(mm, compile, compile.arch_of(0))
     say(f"# built {n} variants in {secs:.1f} s")
+    for e in errors[:5]:
+        say(f"# BUILD FAILED {e[:2000]}")
 
     kernels = {k.name: k for k in mm.kernels()}
     rng = np.random.default_rng(1)
@@ -162,7 +153,7 @@ def main() -> int:
             k = kernels[name]
             if not k.supports(p):
                 continue
-            cfgs = k.configs if "generic" not in name else k.config_for(p)[:2]
+            cfgs = k.configs if "generic" not in name else k.config_for(p)[:1]
             for cfg in cfgs:
                 try:
                     out = k.run(p, cfg, a, b)
@@ -201,7 +192,14 @@ def main() -> int:
     # per-call overhead on tiny problems: opruntime vs a bare cupy.matmul, host clock
     a = cp.asarray(rng.standard_normal((4, 4)).astype(np.float32))
     ta = opr.tensor(a)
-    for label, fn in (("cupy.matmul 4x4", lambda: cp.matmul(a, a)), ("opr.matmul 4x4", lambda: opr.matmul(ta, ta))):
+    p4 = problem_of(a, a)
+    simt, cfg0 = kernels["cupy.matmul.simt"], mm.SIMT_CONFIGS[0]
+    bare = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 2.0f", "opr_bare")
+    for label, fn in (("cupy elementwise (bare launch)", lambda: bare(a)),
+                      ("cupy.matmul 4x4", lambda: cp.matmul(a, a)),
+                      ("kernel.run simt 4x4", lambda: simt.run(p4, cfg0, a, a)),
+                      ("cupy.empty 4x4", lambda: cp.empty((4, 4), cp.float32)),
+                      ("opr.matmul 4x4", lambda: opr.matmul(ta, ta))):
         for _ in range(50):
             fn()
         cp.cuda.Device().synchronize()

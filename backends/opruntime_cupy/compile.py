@@ -155,32 +155,47 @@ def _cache_dir() -> Path:
     return Path(base) / "cuda"
 
 
-def _build(filename: str, defines: dict, dev: int, kernel: str, arch: str | None, extra: tuple) -> Any:
-    import cupy
+def cubin_path(filename: str, defines: Mapping[str, Any], arch: str, extra: Sequence[str] = ()) -> Path:
+    """Where the disk cache keeps the cubin of this source, defines, target and options."""
     from cupy_backends.cuda.libs import nvrtc
 
-    arch = arch or arch_of(dev)
     text = render(filename, defines)
     opts = options(arch, extra)
     digest = hashlib.sha256("\0".join([text, *opts, repr(nvrtc.getVersion())]).encode()).hexdigest()[:32]
-    path = _cache_dir() / f"{Path(filename).stem}-{digest}.cubin"
-    if not path.is_file():
-        cubin = _nvrtc(text, filename, opts, kernel, dev)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(cubin)
-            os.replace(tmp, path)  # atomic: concurrent builders write the same bytes
-        except OSError:  # a read-only cache: keep the module in memory only
-            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-                f.write(cubin)
-            path = Path(f.name)
+    return _cache_dir() / f"{Path(filename).stem}-{digest}.cubin"
+
+
+def build(filename: str, defines: Mapping[str, Any], arch: str, extra: Sequence[str] = (), *,
+          kernel: str = "", device: str = "") -> Path:
+    """Compile to the disk cache (no device needed: safe in worker processes) and return the
+    cubin's path; a cached cubin is reused."""
+    path = cubin_path(filename, defines, arch, extra)
+    if path.is_file():
+        return path
+    opts = options(arch, extra)
+    cubin = _nvrtc(render(filename, defines), filename, opts, kernel or filename, device or f"sm_{arch}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)  # atomic: concurrent builders write the same bytes
+    except OSError:  # a read-only cache: a private temporary file instead
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(cubin)
+        path = Path(f.name)
+    return path
+
+
+def _build(filename: str, defines: dict, dev: int, kernel: str, arch: str | None, extra: tuple) -> Any:
+    import cupy
+
+    path = build(filename, defines, arch or arch_of(dev), extra, kernel=kernel, device=f"cuda:{dev}")
     with cupy.cuda.Device(dev):
         return cupy.RawModule(path=str(path))
 
 
-def _nvrtc(text: str, filename: str, opts: tuple[str, ...], kernel: str, dev: int) -> bytes:
+def _nvrtc(text: str, filename: str, opts: tuple[str, ...], kernel: str, where: str) -> bytes:
     from cupy_backends.cuda.libs import nvrtc
 
     prog = nvrtc.createProgram(text, filename, (), ())
@@ -189,11 +204,39 @@ def _nvrtc(text: str, filename: str, opts: tuple[str, ...], kernel: str, dev: in
             nvrtc.compileProgram(prog, list(opts))
         except nvrtc.NVRTCError as exc:
             log = nvrtc.getProgramLog(prog)
-            raise KernelCompileError(kernel, f"cuda:{dev} (sm_{opts[1].rsplit('_', 1)[-1]})",
+            raise KernelCompileError(kernel, f"{where} ({opts[1].lstrip('-')})",
                                      f"{log.strip()}\n[{exc}; options: {' '.join(opts)}]") from None
         return nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def prebuild(jobs: Sequence[tuple[str, Mapping[str, Any]]], arch: str, processes: int | None = None) -> list[str]:
+    """Compile many (filename, defines) variants into the disk cache in parallel worker
+    processes (NVRTC holds the GIL); returns the error messages. Later ``load`` calls hit the cache."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    todo = [(f, dict(d)) for f, d in jobs if not cubin_path(f, d, arch).is_file()]
+    if not todo:
+        return []
+    errors = []
+    ctx = multiprocessing.get_context("spawn")  # no CUDA state is inherited
+    with ProcessPoolExecutor(max_workers=processes or os.cpu_count(), mp_context=ctx) as pool:
+        futures = [pool.submit(_prebuild_one, f, d, arch) for f, d in todo]
+        for fut in futures:
+            err = fut.result()
+            if err:
+                errors.append(err)
+    return errors
+
+
+def _prebuild_one(filename: str, defines: dict, arch: str) -> str:
+    try:
+        build(filename, defines, arch)
+        return ""
+    except Exception as exc:
+        return f"{filename} {defines}: {type(exc).__name__}: {exc}"
 
 
 def clear() -> None:

@@ -28,23 +28,31 @@ from . import compile, memory
 # occ: resident blocks per SM (registers / shared memory); eff: the fraction of the device's
 # peak a full SM reaches with this tile (measured on an H200, docs/notes-cuda-matmul.md).
 SIMT_CONFIGS: tuple[dict, ...] = (
-    dict(tile="128x128x8", BM=128, BN=128, BK=8, WM=32, WN=64, TM=8, TN=8, occ=2, eff=0.72),
-    dict(tile="128x128x16", BM=128, BN=128, BK=16, WM=32, WN=64, TM=8, TN=8, occ=2, eff=0.72),
-    dict(tile="128x64x16", BM=128, BN=64, BK=16, WM=32, WN=64, TM=8, TN=8, occ=3, eff=0.68),
-    dict(tile="64x64x16", BM=64, BN=64, BK=16, WM=32, WN=32, TM=4, TN=8, occ=4, eff=0.60),
+    dict(tile="128x128x16", BM=128, BN=128, BK=16, WM=32, WN=64, TM=8, TN=8, occ=2, eff=0.68),
+    dict(tile="128x128x8", BM=128, BN=128, BK=8, WM=32, WN=64, TM=8, TN=8, occ=2, eff=0.60),
+    dict(tile="128x64x16", BM=128, BN=64, BK=16, WM=32, WN=64, TM=8, TN=8, occ=3, eff=0.645),
+    dict(tile="64x64x16", BM=64, BN=64, BK=16, WM=32, WN=32, TM=4, TN=8, occ=4, eff=0.54),
 )
 MMA_CONFIGS: tuple[dict, ...] = (
-    dict(tile="128x256x32s4", BM=128, BN=256, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.55),
-    dict(tile="256x128x32s4", BM=256, BN=128, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.55),
-    dict(tile="128x128x32s4", BM=128, BN=128, BK=32, WM=64, WN=64, STAGES=4, occ=2, eff=0.52),
-    dict(tile="128x128x64s3", BM=128, BN=128, BK=64, WM=64, WN=64, STAGES=3, occ=2, eff=0.52),
-    dict(tile="64x64x32s3", BM=64, BN=64, BK=32, WM=32, WN=32, STAGES=3, occ=4, eff=0.35),
+    dict(tile="128x128x64s3", BM=128, BN=128, BK=64, WM=64, WN=64, STAGES=3, occ=2, eff=0.36),
+    dict(tile="128x128x32s4", BM=128, BN=128, BK=32, WM=64, WN=64, STAGES=4, occ=2, eff=0.33),
+    dict(tile="128x128x32s6", BM=128, BN=128, BK=32, WM=64, WN=64, STAGES=6, occ=2, eff=0.33),
+    dict(tile="128x256x64s3", BM=128, BN=256, BK=64, WM=64, WN=64, STAGES=3, occ=1, eff=0.30),
+    dict(tile="128x256x32s4", BM=128, BN=256, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.30),
+    dict(tile="256x128x32s4", BM=256, BN=128, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.28),
+    dict(tile="64x64x32s3", BM=64, BN=64, BK=32, WM=32, WN=32, STAGES=3, occ=3, eff=0.27),
 )
 _NOT_DEFINES = ("tile", "occ", "eff")
 
-# cuBLAS, modelled the same way with its typical large tile (calibrated like the rest).
-CUBLAS_EFF = {"float32": 0.76, "float16": 0.72, "bfloat16": 0.72, "float64": 0.76}
-LAUNCH_OWN, LAUNCH_CUBLAS = 6e-6, 12e-6  # host-side seconds per call (RawKernel vs cupy.matmul)
+# cuBLAS, modelled the same way: the best of the tiles it chooses from (calibrated like the rest).
+CUBLAS_TILES = {  # dtype -> ((BM, BN, occ, eff), ...)
+    "float32": ((128, 128, 2, 0.76), (64, 64, 4, 0.62)),
+    "float64": ((128, 128, 2, 0.76), (64, 64, 4, 0.62)),
+    "float16": ((128, 256, 1, 0.70), (128, 128, 2, 0.62), (64, 64, 4, 0.45)),
+    "bfloat16": ((128, 256, 1, 0.72), (128, 128, 2, 0.62), (64, 64, 4, 0.45)),
+}
+GPU_LAUNCH = 3e-6  # device-side start and drain of one kernel, seconds
+HOST_OWN, HOST_CUBLAS = 8e-6, 15e-6  # host seconds per call (RawKernel launch vs cupy.matmul)
 MAX_GRID_Z = 65535
 
 
@@ -130,7 +138,13 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
-    args: tuple
+    device: int
+    params: Any  # a GemmParams struct (numpy structured scalar)
+
+
+#: struct GemmParams of matmul_common.cuh
+PARAMS = np.dtype([(n, np.int64) for n in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "z0", "d1", "d0",
+                                           "sa2", "sa1", "sa0", "sb2", "sb1", "sb0")])
 
 
 _plans: dict[tuple, tuple[list[Launch], list[Launch] | None]] = {}
@@ -143,6 +157,7 @@ def _plan(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool) 
     if plan is None:
         plan = _plans[key] = _make_plan(family, problem, cfg, generic)
     return plan
+
 
 
 def _make_plan(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool) -> tuple:
@@ -184,27 +199,45 @@ def _launches(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry
     bm, bn = cfg["BM"], cfg["BN"]
     threads = (bm // cfg["WM"]) * (bn // cfg["WN"]) * 32
     smem = 0 if family == "simt" else cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2
-    if smem > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = smem
+    if smem > 48 * 1024:  # opt in to more than the default 48 KiB of dynamic shared memory
+        import cupy
+
+        with cupy.cuda.Device(dev):
+            fn.max_dynamic_shared_size_bytes = smem
     tiles = -(-g.M // bm) * -(-g.N // bn)
-    i64 = np.int64
-    head = tuple(i64(x) for x in (g.M, g.N, g.K, g.sam, g.sak, g.sbk, g.sbn))
-    tail = tuple(i64(x) for x in (g.dims[1], g.dims[2], *g.sa, *g.sb))
     out = []
     for z0 in range(0, g.batch, MAX_GRID_Z):
         nz = min(MAX_GRID_Z, g.batch - z0)
-        out.append(Launch(fn, (tiles, 1, nz), (threads, 1, 1), smem, (*head, i64(z0), *tail)))
+        params = np.array((g.M, g.N, g.K, g.sam, g.sak, g.sbk, g.sbn, z0, g.dims[1], g.dims[2], *g.sa, *g.sb),
+                          dtype=PARAMS)[()]
+        out.append(Launch(fn, (tiles, 1, nz), (threads, 1, 1), smem, dev, params))
     return out
 
 
 def _launch(family: str, problem: Problem, cfg: Mapping[str, Any], a: Any, b: Any, generic: bool) -> Any:
-    fast, slow = _plan(family, problem, cfg, generic)
+    plan = _plans.get((family, problem, cfg["tile"], generic))
+    if plan is None:
+        plan = _plan(family, problem, cfg, generic)
+    fast, slow = plan
     launches = slow if slow is not None and (a.data.ptr | b.data.ptr) & 15 else fast
-    with memory.on_device(a):
-        out = memory.empty(problem.out_shape, a.dtype, f"matmul {problem}")
-        for ln in launches:
-            ln.fn(ln.grid, ln.block, (a, b, out, *ln.args), shared_mem=ln.smem)
+    dev = launches[0].device
+    if dev != _current_device():
+        with memory.on_device(a):
+            return _go(launches, problem, a, b)
+    return _go(launches, problem, a, b)
+
+
+def _go(launches: list[Launch], problem: Problem, a: Any, b: Any) -> Any:
+    out = memory.empty(problem.out_shape, a.dtype, f"matmul {problem}")
+    for ln in launches:
+        ln.fn(ln.grid, ln.block, (a, b, out, ln.params), shared_mem=ln.smem)
     return out
+
+
+def _current_device() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
 
 
 def run_simt(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
@@ -226,9 +259,14 @@ def run_mma_generic(problem: Problem, config: Mapping[str, Any], a: Any, b: Any)
 def run_cublas(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
     import cupy
 
-    with memory.on_device(a), memory.oom_guard(f"matmul {problem} (cuBLAS)",
-                                               math.prod(problem.out_shape) * a.dtype.itemsize):
+    try:
+        if a.data.device_id != cupy.cuda.runtime.getDevice():
+            with memory.on_device(a):
+                return cupy.matmul(a, b)
         return cupy.matmul(a, b)
+    except cupy.cuda.memory.OutOfMemoryError as exc:
+        raise memory._oom(f"matmul {problem} (cuBLAS)", math.prod(problem.out_shape) * a.dtype.itemsize,
+                          exc) from exc
 
 
 # -- what each kernel accepts -------------------------------------------------------------------
@@ -289,43 +327,48 @@ def _figures(problem: Problem) -> tuple[float, float, float, int]:
 
 
 def _tiled_time(problem: Problem, g: Geometry, bm: int, bn: int, bk: int, occ: int, eff: float) -> float:
+    """Device seconds for a kernel of BM x BN tiles, ``occ`` resident per SM at ``eff`` of peak.
+
+    Tiles are dealt to the SMs; the busiest SM runs ceil(tiles / SMs) of them, ``conc`` at a
+    time; an SM running fewer blocks than it can hold gets sqrt(conc / occ) of its full rate
+    (less latency hiding). Fitted to H200 measurements (docs/notes-cuda-matmul.md).
+    """
     f32, f16, bw, sms = _figures(problem)
     peak = f16 if problem.dtype in ("float16", "bfloat16") else f32
     if problem.dtype == "float64":
         peak = f32 / 2
     tiles = -(-g.M // bm) * -(-g.N // bn) * g.batch
-    waves = -(-tiles // (sms * occ))
-    per_tile = 2.0 * bm * bn * (-(-g.K // bk) * bk) * occ / (peak / sms * eff)
-    size = itemsize(problem.dtype)
-    nbytes = (g.batch * (g.M * g.K + g.K * g.N + g.M * g.N)) * size
-    return max(waves * per_tile, nbytes / bw)
+    per_sm = -(-tiles // sms)
+    conc = min(occ, per_sm)
+    rate = peak / sms * eff * math.sqrt(conc / occ)
+    t = per_sm * 2.0 * bm * bn * (-(-g.K // bk) * bk) / rate
+    nbytes = g.batch * (g.M * g.K + g.K * g.N + g.M * g.N) * itemsize(problem.dtype)
+    return max(t, nbytes / bw) + GPU_LAUNCH
 
 
 def cost_simt(problem: Problem, cfg: Mapping[str, Any], generic: bool = False) -> float:
     g = geometry(problem, 4)
     t = _tiled_time(problem, g, cfg["BM"], cfg["BN"], cfg["BK"], cfg["occ"], cfg["eff"])
-    return t * (1.6 if generic else 1.0) + LAUNCH_OWN
+    return max(t * (1.2 if generic else 1.0), HOST_OWN)
 
 
 def cost_mma(problem: Problem, cfg: Mapping[str, Any], generic: bool = False) -> float:
     g = geometry(problem, 8)
     t = _tiled_time(problem, g, cfg["BM"], cfg["BN"], cfg["BK"], cfg["occ"], cfg["eff"])
-    return t * (3.0 if generic else 1.0) + LAUNCH_OWN
+    return max(t * (3.0 if generic else 1.0), HOST_OWN)
 
 
 def cost_cublas(problem: Problem, cfg: Mapping[str, Any]) -> float:
     g = geometry(problem, 1)
-    eff = CUBLAS_EFF.get(problem.dtype, 0.7)
     if g is None:  # batch dims cuBLAS folds itself: count the work only
         M, K, N = problem.shapes[0][-2], problem.shapes[0][-1], problem.shapes[1][-1]
         g = Geometry(M, N, K, math.prod(problem.out_shape[:-2]), K, 1, N, 1, (1, 1, 1), (0,) * 3, (0,) * 3,
                      True, True, False, False)
-    # cuBLAS picks its tile per shape: the best of a large and a small one
-    t = min(_tiled_time(problem, g, 128, 128, 32, 2, eff), _tiled_time(problem, g, 64, 64, 32, 4, eff * 0.8))
+    t = min(_tiled_time(problem, g, bm, bn, 32, occ, eff) for bm, bn, occ, eff in CUBLAS_TILES[problem.dtype])
     # cupy.matmul copies operands that are neither contiguous nor simply transposed
-    copies = 0.0 if problem.contiguous else \
-        2.0 * sum(math.prod(s) for s in problem.shapes) * itemsize(problem.dtype) / _figures(problem)[2]
-    return t + copies + LAUNCH_CUBLAS
+    if not problem.contiguous:
+        t += 2.0 * sum(math.prod(s) for s in problem.shapes) * itemsize(problem.dtype) / _figures(problem)[2]
+    return max(t, HOST_CUBLAS)
 
 
 def _ranked(configs: Sequence[dict], cost) -> Any:

@@ -12,7 +12,7 @@
 // is contiguous, else k. VEC_A / VEC_B 1: cp.async 16-byte copies (needs the contiguous extents and other
 // strides to be multiples of 8 and 16-byte-aligned bases: matmul.py checks); 0: element
 // loads with any strides (VEC_x 0: synchronous, for odd shapes and strided views).
-#include "common.cuh"
+#include "matmul_common.cuh"
 
 #ifndef BM
 #define BM 128
@@ -57,7 +57,7 @@
 #define A_CHUNKS (A_TILE / 8)
 #define B_CHUNKS (B_TILE / 8)
 
-static_assert(BK % 16 == 0 && WM % 16 == 0 && WN % 16 == 0, "mma tiles");
+static_assert(BK % 32 == 0 && WM % 16 == 0 && WN % 16 == 0, "mma tiles; an even number of k16 steps per tile");
 static_assert(A_CHUNKS % NT == 0 && B_CHUNKS % NT == 0, "whole chunks per thread");
 static_assert(A_COLS % 16 == 0 && B_COLS % 16 == 0, "rows of at least two chunks");
 
@@ -74,26 +74,31 @@ __device__ __forceinline__ int swz(int r, int c) {
 template <int ROWS, int COLS, int VEC>
 __device__ __forceinline__ void load_tile(bits16* s, const bits16* g, i64 s_row, i64 s_col, int rows_left,
                                           int cols_left, int tid) {
-    constexpr int CH = COLS / 8, PER = ROWS * CH / NT;
+    constexpr int CH = COLS / 8, PER = ROWS * CH / NT, RS = NT / CH;
+    static_assert(NT % CH == 0, "a thread keeps its chunk column");
+    const int r0 = tid / CH, c = tid % CH;
+    const bool cok = c * 8 < cols_left;
+    const bits16* p = g + r0 * s_row + (VEC ? c * 8 : c * 8 * s_col);  // one pointer, stepped by RS rows
+    const i64 step = RS * s_row;
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int e = tid + i * NT, r = e / CH, c = e % CH;
+    for (int i = 0; i < PER; ++i, p += step) {
+        const int r = r0 + i * RS;
         bits16* dst = s + r * COLS + swz<CH>(r, c) * 8;
         const bool rok = r < rows_left;
         if (VEC) {
-            const bool ok = rok && c * 8 < cols_left;
-            cp_async16(smem_addr(dst), ok ? g + r * s_row + c * 8 : g, ok);
+            const bool ok = rok && cok;
+            cp_async16(smem_addr(dst), ok ? p : g, ok);
         } else {
-        bits16 v[8];
+            bits16 v[8];
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-            const bool ok = rok && c * 8 + q < cols_left;
-            v[q] = ok ? g[r * s_row + (i64)(c * 8 + q) * s_col] : (bits16)0;
-        }
-        uint4 w;
-        w.x = v[0] | ((unsigned)v[1] << 16); w.y = v[2] | ((unsigned)v[3] << 16);
-        w.z = v[4] | ((unsigned)v[5] << 16); w.w = v[6] | ((unsigned)v[7] << 16);
-        *reinterpret_cast<uint4*>(dst) = w;
+            for (int q = 0; q < 8; ++q) {
+                const bool ok = rok && c * 8 + q < cols_left;
+                v[q] = ok ? p[q * s_col] : (bits16)0;
+            }
+            uint4 w;
+            w.x = v[0] | ((unsigned)v[1] << 16); w.y = v[2] | ((unsigned)v[3] << 16);
+            w.z = v[4] | ((unsigned)v[5] << 16); w.w = v[6] | ((unsigned)v[7] << 16);
+            *reinterpret_cast<uint4*>(dst) = w;
         }
     }
 }
@@ -138,12 +143,12 @@ __device__ __forceinline__ bits16 to16(float x) {
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __restrict__ C,
-      i64 M_, i64 N_, i64 K_, i64 sam, i64 sak, i64 sbk, i64 sbn,
-      i64 z0, i64 d1, i64 d0, i64 sa2, i64 sa1, i64 sa0, i64 sb2, i64 sb1, i64 sb0) {
+      const GemmParams p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bits16* sA = reinterpret_cast<bits16*>(smem_raw);
     bits16* sB = sA + STAGES * A_TILE;
-    const int M = (int)M_, N = (int)N_, K = (int)K_;
+    const int M = (int)p.M, N = (int)p.N, K = (int)p.K;
+    const i64 sam = p.sam, sak = p.sak, sbk = p.sbk, sbn = p.sbn;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -154,10 +159,10 @@ hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __rest
     const int n0 = ((pid % per_group) / gsize) * BN;
     const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
 
-    const i64 bz = z0 + blockIdx.z;
-    const i64 b0 = bz % d0, b1 = (bz / d0) % d1, b2 = bz / (d0 * d1);
-    const bits16* Ab = A + b2 * sa2 + b1 * sa1 + b0 * sa0 + (i64)m0 * sam;
-    const bits16* Bb = B + b2 * sb2 + b1 * sb1 + b0 * sb0 + (i64)n0 * sbn;
+    const i64 bz = p.z0 + blockIdx.z;
+    const i64 b0 = bz % p.d0, b1 = (bz / p.d0) % p.d1, b2 = bz / (p.d0 * p.d1);
+    const bits16* Ab = A + b2 * p.sa2 + b1 * p.sa1 + b0 * p.sa0 + (i64)m0 * sam;
+    const bits16* Bb = B + b2 * p.sb2 + b1 * p.sb1 + b0 * p.sb0 + (i64)n0 * sbn;
     bits16* Cb = C + bz * (i64)M * N;
 
     const int ktiles = (K + BK - 1) / BK;
@@ -191,43 +196,60 @@ hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __rest
 
     const int q = lane >> 3, l8 = lane & 7;
     const unsigned sA0 = smem_addr(sA), sB0 = smem_addr(sB);
-    for (int t = 0; t < ktiles; ++t) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        if (t + STAGES - 1 < ktiles) load_stage((t + STAGES - 1) % STAGES, t + STAGES - 1);
-        cp_async_commit();
-
-        const int stage = t % STAGES;
+    // Fragments of one k16 step of one stage: A by ldmatrix.x4 per 16 rows, B per 16 columns.
+    auto load_frags = [&](unsigned (&af)[MI][4], unsigned (&bf)[NI][2], int stage, int kk) {
         const unsigned a_base = sA0 + stage * A_TILE * 2, b_base = sB0 + stage * B_TILE * 2;
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            unsigned af[MI][4], bf[NI][2];
-#pragma unroll
-            for (int i = 0; i < MI; ++i) {
+        for (int i = 0; i < MI; ++i) {
 #if A_KCONTIG
-                const int r = wm0 + i * 16 + (q & 1) * 8 + l8, c = kk * 2 + (q >> 1);
-                ldsm_x4(af[i], a_base + (r * A_COLS + swz<A_COLS / 8>(r, c) * 8) * 2);
+            const int r = wm0 + i * 16 + (q & 1) * 8 + l8, c = kk * 2 + (q >> 1);
+            ldsm_x4(af[i], a_base + (r * A_COLS + swz<A_COLS / 8>(r, c) * 8) * 2);
 #else
-                const int r = kk * 16 + (q >> 1) * 8 + l8, c = (wm0 + i * 16) / 8 + (q & 1);
-                ldsm_x4_t(af[i], a_base + (r * A_COLS + swz<A_COLS / 8>(r, c) * 8) * 2);
+            const int r = kk * 16 + (q >> 1) * 8 + l8, c = (wm0 + i * 16) / 8 + (q & 1);
+            ldsm_x4_t(af[i], a_base + (r * A_COLS + swz<A_COLS / 8>(r, c) * 8) * 2);
 #endif
-            }
+        }
 #pragma unroll
-            for (int j = 0; j < NI / 2; ++j) {
-                unsigned x[4];
+        for (int j = 0; j < NI / 2; ++j) {
+            unsigned x[4];
 #if B_NCONTIG
-                const int r = kk * 16 + (q & 1) * 8 + l8, c = (wn0 + j * 16) / 8 + (q >> 1);
-                ldsm_x4_t(x, b_base + (r * B_COLS + swz<B_COLS / 8>(r, c) * 8) * 2);
+            const int r = kk * 16 + (q & 1) * 8 + l8, c = (wn0 + j * 16) / 8 + (q >> 1);
+            ldsm_x4_t(x, b_base + (r * B_COLS + swz<B_COLS / 8>(r, c) * 8) * 2);
 #else
-                const int r = wn0 + j * 16 + (q >> 1) * 8 + l8, c = kk * 2 + (q & 1);
-                ldsm_x4(x, b_base + (r * B_COLS + swz<B_COLS / 8>(r, c) * 8) * 2);
+            const int r = wn0 + j * 16 + (q >> 1) * 8 + l8, c = kk * 2 + (q & 1);
+            ldsm_x4(x, b_base + (r * B_COLS + swz<B_COLS / 8>(r, c) * 8) * 2);
 #endif
-                bf[2 * j][0] = x[0]; bf[2 * j][1] = x[1]; bf[2 * j + 1][0] = x[2]; bf[2 * j + 1][1] = x[3];
+            bf[2 * j][0] = x[0]; bf[2 * j][1] = x[1]; bf[2 * j + 1][0] = x[2]; bf[2 * j + 1][1] = x[3];
+        }
+    };
+
+    // Main loop, software-pipelined twice: cp.async keeps STAGES-1 tiles in flight, and the
+    // fragments of the next k16 step (of this tile, or the first of the next) are read from
+    // shared memory while the tensor cores work on the current ones.
+    constexpr int KS = BK / 16;
+    unsigned af[2][MI][4], bf[2][NI][2];
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    load_frags(af[0], bf[0], 0, 0);
+    for (int t = 0; t < ktiles; ++t) {
+        const int stage = t % STAGES;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            if (kk == 0) {  // refill the stage every warp finished reading before the last barrier
+                if (t + STAGES - 1 < ktiles) load_stage((t + STAGES - 1) % STAGES, t + STAGES - 1);
+                cp_async_commit();
+            }
+            if (kk == KS - 1) {  // the next tile must have landed before its first fragments
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                if (t + 1 < ktiles) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], (t + 1) % STAGES, 0);
+            } else {
+                load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], stage, kk + 1);
             }
 #pragma unroll
             for (int i = 0; i < MI; ++i)
 #pragma unroll
-                for (int j = 0; j < NI; ++j) mma16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
+                for (int j = 0; j < NI; ++j) mma16816(acc[i][j], af[kk & 1][i], bf[kk & 1][j][0], bf[kk & 1][j][1]);
         }
     }
     cp_async_wait<0>();

@@ -13,7 +13,7 @@
 // single elements with arbitrary (even negative or zero) strides. Edges are predicated.
 // Batches: blockIdx.z (+ z0) indexes up to three batch dims (d2 x d1 x d0) with per-operand strides,
 // 0 for a broadcast dim.
-#include "common.cuh"
+#include "matmul_common.cuh"
 
 #ifndef BM
 #define BM 128
@@ -157,10 +157,10 @@ __device__ __forceinline__ void stash(float (&s)[BK][ROW + PAD], const float* r,
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 sgemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-      i64 M_, i64 N_, i64 K_, i64 sam, i64 sak, i64 sbk, i64 sbn,
-      i64 z0, i64 d1, i64 d0, i64 sa2, i64 sa1, i64 sa0, i64 sb2, i64 sb1, i64 sb0) {
+      const GemmParams p) {
     __shared__ __align__(16) Smem sm;
-    const int M = (int)M_, N = (int)N_, K = (int)K_;
+    const int M = (int)p.M, N = (int)p.N, K = (int)p.K;
+    const i64 sam = p.sam, sak = p.sak, sbk = p.sbk, sbn = p.sbn;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     // Grouped tile order: GROUP_M tile rows share their B tiles while they are in L2.
@@ -175,10 +175,10 @@ sgemm(const float* __restrict__ A, const float* __restrict__ B, float* __restric
     const int lm = lane / LN, ln = lane % LN;
 
     {  // one batch entry per blockIdx.z; launches of more than 65535 entries are split (z0)
-        const i64 bz = z0 + blockIdx.z;
-        const i64 b0 = bz % d0, b1 = (bz / d0) % d1, b2 = bz / (d0 * d1);
-        const float* Ab = A + b2 * sa2 + b1 * sa1 + b0 * sa0;
-        const float* Bb = B + b2 * sb2 + b1 * sb1 + b0 * sb0;
+        const i64 bz = p.z0 + blockIdx.z;
+        const i64 b0 = bz % p.d0, b1 = (bz / p.d0) % p.d1, b2 = bz / (p.d0 * p.d1);
+        const float* Ab = A + b2 * p.sa2 + b1 * p.sa1 + b0 * p.sa0;
+        const float* Bb = B + b2 * p.sb2 + b1 * p.sb1 + b0 * p.sb0;
         float* Cb = C + bz * (i64)M * N;
 
         float acc[TM][TN];
