@@ -158,7 +158,7 @@ def _bars(ax: Any, rs: list[Result], op: str, multi: bool) -> None:
     unit = rs[0].unit
     ax.set_ylabel(unit)
     ax.set_title(f"{op}: throughput ({unit}, higher is better)", fontsize=10)
-    ax.legend(fontsize=7, ncols=2 if len(names) > 6 else 1, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside, not over, the bars
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -191,7 +191,7 @@ def _roofline(ax: Any, rs: list[Result], device: str, roofs: dict[str, Any]) -> 
     ax.set_xlabel("arithmetic intensity (FLOP / byte of operands and result)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(f"roofline on {device} ({roofs.get('source', 'no figures')})", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(alpha=0.3, which="both")
 
 
