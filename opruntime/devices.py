@@ -34,6 +34,8 @@ class DeviceProvider(abc.ABC):
             claiming an alias wins.
         array_types: native array classes whose instances may live on this device; used to
             adopt arrays passed to an operator without an ``opr.Tensor`` wrapper.
+        placement_free: True when ``from_host`` returns a NumPy array unchanged (the ``cpu``
+            device), so calls with NumPy operands skip placement.
 
     Native data ("data" below) is whatever array type the backend computes on (a NumPy array,
     a CuPy array, a ``pyopencl.array.Array``, a ``jax.Array``). It must have ``shape`` and
@@ -46,6 +48,8 @@ class DeviceProvider(abc.ABC):
     priority: int = 0
     aliases: tuple[str, ...] = ()
     array_types: tuple[type, ...] = ()
+    #: True when ``from_host`` returns NumPy arrays unchanged (host memory is device memory)
+    placement_free: bool = False
 
     # -- memory ---------------------------------------------------------------------------
     @abc.abstractmethod

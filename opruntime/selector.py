@@ -247,6 +247,13 @@ class Plan:
                  and tuple(in_shapes) == self.views)
         self.fast = self._fast() if plain else None
 
+    def placing(self, host: tuple[bool, ...]) -> Any:
+        """This plan for calls whose operands marked in ``host`` are host (NumPy) arrays."""
+        prov = self.device.provider
+        if not any(host) or prov.placement_free:
+            return self
+        return _Placing(self, host, prov.from_host)
+
     @property
     def kernel(self) -> Kernel | None:
         """The kernel that runs now (None for a trivial problem)."""
@@ -338,6 +345,19 @@ class Plan:
         bias = prov.to_host(datas[2]).reshape(1, -1, 1, 1)  # conv2d over zero input channels: the bias
         out = np.broadcast_to(bias, self.problem.out_shape).reshape(self.result_shape)
         return prov.from_host(np.ascontiguousarray(out))
+
+
+class _Placing:
+    """A plan behind a copy of its host operands to the device (the cached form of such calls)."""
+
+    __slots__ = ("plan", "host", "from_host")
+
+    def __init__(self, plan: Plan, host: tuple[bool, ...], from_host: Any) -> None:
+        self.plan, self.host, self.from_host = plan, host, from_host
+
+    def __call__(self, datas: list[Any]) -> Tensor:
+        to = self.from_host
+        return self.plan([to(d) if h else d for d, h in zip(datas, self.host)])
 
 
 def make_plan(op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,

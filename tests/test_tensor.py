@@ -100,3 +100,13 @@ def test_cli_bench_json(tmp_path):
     rec = json.loads(path.read_text())["results"][0]
     assert rec["op"] == "matmul" and rec["time_s"] > 0 and rec["kernel"] == "numpy.matmul.blas"
     assert "numpy" in rec["peers"] and rec["candidates"]
+
+
+def test_host_operands_are_placed_on_every_call(fake, rng):
+    with opr.device("fake:1"):
+        for _ in range(3):  # the first call builds the plan, the next ones take the cached path
+            a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+            out = opr.matmul(a, b)
+            assert out.device.name == "fake:1" and out.data.__class__.__name__ == "FakeArray"
+            np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5)
+    assert fake.calls["run:a"] == 3

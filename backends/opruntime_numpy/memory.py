@@ -16,6 +16,7 @@ class CpuDevice(DeviceProvider):
     name = "cpu"
     priority = 50
     array_types = (np.ndarray,)
+    placement_free = True
 
     def __init__(self) -> None:
         self.description = platform.processor() or platform.machine()

@@ -88,24 +88,31 @@ class Operator(abc.ABC):
     # -- the call path ----------------------------------------------------------------------
     def __call__(self, *inputs: Any, device: Any = None, **attrs: Any) -> Tensor:
         s = settings()
-        if device is None:  # the hot path: every operand a Tensor, the plan cached
+        fast_key = None
+        if device is None:  # the hot path: Tensors and NumPy arrays, a plan already cached
             key: list[Any] = [self.name, s]
             datas = []
             for x in inputs:
-                if x.__class__ is not Tensor:
+                cls = x.__class__
+                if cls is Tensor:
+                    d = x.data
+                    key += (x.device.name, d.shape, d.dtype, getattr(d, "strides", None))
+                elif cls is np.ndarray:
+                    d = x
+                    key += (None, d.shape, d.dtype, d.strides)  # host data: placed by the plan
+                else:
                     break
-                d = x.data
                 datas.append(d)
-                key += (x.device.name, d.shape, d.dtype, getattr(d, "strides", None))
             else:
                 if attrs:
                     key += attrs.items()
                 try:
-                    plan = selector.plans.get(tuple(key))
+                    plan = selector.plans.get(key := tuple(key))
                 except TypeError:
-                    plan = None
+                    plan = key = None
                 if plan is not None:
                     return plan(datas)
+                fast_key = key
         datas, dev = place(self.name, self.operands, inputs, device, s)
         key = self.key(s, dev, datas, attrs)
         try:
@@ -114,6 +121,8 @@ class Operator(abc.ABC):
             return self.plan(datas, dev, attrs, s)(datas)
         if plan is None:
             plan = selector.plans[key] = self.plan(datas, dev, attrs, s)
+        if fast_key is not None and fast_key != key:  # host operands: remember how they are placed
+            selector.plans[fast_key] = plan.placing(tuple(x.__class__ is np.ndarray for x in inputs))
         return plan(datas)
 
     def key(self, s: Any, dev: Device, datas: list[Any], attrs: dict[str, Any]) -> tuple:
