@@ -22,7 +22,7 @@ import opencl_softmax  # noqa: E402
 import pallas_softmax  # noqa: E402
 
 MODULES = (opencl_softmax, cuda_softmax, pallas_softmax)
-SHAPES = [(37, 1000), (4, 5, 129), (1, 3), (64, 4096)]
+SHAPES = [(37, 1000), (4, 5, 129), (1, 3)]
 
 
 def rel_err(out: np.ndarray, ref: np.ndarray) -> float:

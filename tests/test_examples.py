@@ -1,0 +1,155 @@
+"""The examples, the plugin template and the docs' generated pages.
+
+Every example script runs in a subprocess (as a user runs it) and checks its own results against
+float64 references; the plugin template's tests run against the template installed as a package
+(``make test`` installs it into ``build/plugin_template``; nothing is installed here); the
+generated reference pages must match the code; the CLI's ``--json``, ``--plot`` and progress
+output work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = ROOT / "examples" / "plugin_template"
+TEMPLATE_INSTALL = ROOT / "build" / "plugin_template"  # where `make test` installs the template
+# mlp_inference.py and device_config/run.py run in their own tests below
+SCRIPTS = ["examples/quickstart.py", "examples/conv_layer.py", "examples/kernels/run.py"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPRUNTIME_") or k == "OPRUNTIME_CACHE_DIR"}
+    return env | extra
+
+
+def _run(args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT,
+         timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+# -- examples ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_example_runs_and_checks_itself(script: str) -> None:
+    _run([sys.executable, script])
+
+
+def test_mlp_takes_its_device_from_configuration(device) -> None:  # noqa: ANN001 (conftest fixture)
+    out = _run([sys.executable, "examples/mlp_inference.py", "--batch", "16", "--batches", "1"],
+               env=_env(OPRUNTIME_DEVICE=device.name)).stdout
+    assert f"device: Device('{device.name}'" in out
+    assert "$OPRUNTIME_DEVICE" in out
+
+
+def test_device_config_applies_per_operator_settings() -> None:
+    out = _run([sys.executable, "examples/device_config/run.py"]).stdout
+    conv = next(line for line in out.splitlines() if line.startswith("conv2d"))
+    assert "on cpu" in conv and "numpy.conv2d.im2col" in conv  # device and kernel from [ops.conv2d]
+
+
+def test_cuda_example_source_compiles() -> None:
+    # nvcc (or NVRTC) when present; the script says so and exits 0 when neither is
+    _run([sys.executable, "scripts/compile_cu.py", "examples/kernels/softmax_rows.cu"])
+
+
+# -- the plugin template ---------------------------------------------------------------------------
+def _template_env() -> dict[str, str]:
+    env = _env()
+    if TEMPLATE_INSTALL.is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TEMPLATE_INSTALL), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_plugin_template_tests_pass() -> None:
+    env = _template_env()
+    probe = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; "
+                            "print(' '.join(e.name for e in m.entry_points(group='opruntime.backends')))"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    if "demo" not in probe.stdout.split():
+        pytest.skip("the plugin template is not installed: `make test` installs it with "
+                    "`pip install --no-deps --target build/plugin_template examples/plugin_template`")
+    out = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], env=env, cwd=TEMPLATE).stdout
+    assert " passed" in out and "failed" not in out
+
+
+# -- docs -------------------------------------------------------------------------------------------
+def test_generated_reference_pages_are_current() -> None:
+    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "docs" / "gen_reference.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    for name, make in gen.PAGES.items():
+        assert (ROOT / "docs" / name).read_text() == make(), (
+            f"docs/{name} is stale: run `python docs/gen_reference.py` (or `mkdocs build`) and commit it")
+
+
+# -- the CLI: --json, --plot, progress --------------------------------------------------------------
+def test_bench_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    from opruntime.cli import main
+
+    assert main(["bench", "matmul", "--shape", "33x17,17x9", "--device", "cpu", "--repeats", "1",
+                 "--peers", "numpy", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
+    (r,) = data["results"]
+    assert r["op"] == "matmul" and r["device"] == "cpu" and r["flops"] == 2 * 33 * 17 * 9 and r["bytes"] > 0
+    assert r["time_s"] > 0 and "numpy" in r["peers"] and "versions" in data
+
+
+def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from opruntime.cli import main
+
+    assert main(["explain", "conv2d", "--shape", "1x3x8x8,4x3x3x3", "--attr", "padding=1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["chosen"] in {c["label"] for c in data["candidates"]}
+    assert all(c["estimate_s"] is None or c["estimate_s"] > 0 for c in data["candidates"])
+
+
+def test_bench_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from opruntime import benchplot
+    from opruntime.cli import main
+
+    roofs = []
+
+    def small(device, dtypes):  # noqa: ANN001 - the same measurement, on small sizes (CI time)
+        roofs.append({"bytes_per_s": benchplot.measure_bandwidth(device, nbytes=1 << 20),
+                      "flops_per_s": {"float32": benchplot.measure_compute(device, "float32", budget_s=2e-3)},
+                      "source": "measured (small)"})
+        return roofs[-1]
+
+    monkeypatch.setattr(benchplot, "roofline_figures", small)
+    out, js = tmp_path / "bench.png", tmp_path / "bench.json"
+    assert main(["bench", "softmax", "--shape", "64x300", "--shape", "2x3x50", "--device", "cpu",
+                 "--repeats", "1", "--kernels", "--peers", "numpy", "--plot", str(out), "--json", str(js)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    roof = json.loads(js.read_text())["roofline"]["cpu"]
+    assert roof["bytes_per_s"] > 0 and roof["flops_per_s"]["float32"] > 0
+
+
+def test_bench_plot_without_matplotlib_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opruntime import benchplot
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(SystemExit, match="needs matplotlib.*pip install matplotlib"):
+        benchplot.require_matplotlib()
+
+
+def test_progress_lines_when_not_a_terminal() -> None:
+    from opruntime.progress import Progress
+
+    stream = io.StringIO()
+    with Progress(2, "bench", stream=stream) as p:
+        p.update(0, "first")
+        p.update(1, "second")
+        p.update(2)
+    assert stream.getvalue() == "[1/2] first\n[2/2] second\n"
