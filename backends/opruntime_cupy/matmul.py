@@ -34,13 +34,15 @@ SIMT_CONFIGS: tuple[dict, ...] = (
     dict(tile="64x64x16", BM=64, BN=64, BK=16, WM=32, WN=32, TM=4, TN=8, occ=4, eff=0.54),
 )
 MMA_CONFIGS: tuple[dict, ...] = (
-    dict(tile="128x128x64s3", BM=128, BN=128, BK=64, WM=64, WN=64, STAGES=3, occ=2, eff=0.36),
-    dict(tile="128x128x32s4", BM=128, BN=128, BK=32, WM=64, WN=64, STAGES=4, occ=2, eff=0.33),
-    dict(tile="128x128x32s6", BM=128, BN=128, BK=32, WM=64, WN=64, STAGES=6, occ=2, eff=0.33),
-    dict(tile="128x256x64s3", BM=128, BN=256, BK=64, WM=64, WN=64, STAGES=3, occ=1, eff=0.30),
-    dict(tile="128x256x32s4", BM=128, BN=256, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.30),
-    dict(tile="256x128x32s4", BM=256, BN=128, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.28),
-    dict(tile="64x64x32s3", BM=64, BN=64, BK=32, WM=32, WN=32, STAGES=3, occ=3, eff=0.27),
+    dict(tile="128x256x64s3", BM=128, BN=256, BK=64, WM=64, WN=64, STAGES=3, occ=1, eff=0.422),
+    dict(tile="128x256x64s4", BM=128, BN=256, BK=64, WM=64, WN=64, STAGES=4, occ=1, eff=0.42),
+    dict(tile="256x128x64s3", BM=256, BN=128, BK=64, WM=64, WN=64, STAGES=3, occ=1, eff=0.41),
+    dict(tile="128x128x64s3", BM=128, BN=128, BK=64, WM=64, WN=64, STAGES=3, occ=2, eff=0.40),
+    dict(tile="128x128x32s6", BM=128, BN=128, BK=32, WM=64, WN=64, STAGES=6, occ=2, eff=0.397),
+    dict(tile="128x128x32s4", BM=128, BN=128, BK=32, WM=64, WN=64, STAGES=4, occ=2, eff=0.389),
+    dict(tile="256x128x32s4", BM=256, BN=128, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.375),
+    dict(tile="128x256x32s4", BM=128, BN=256, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.352),
+    dict(tile="64x64x32s3", BM=64, BN=64, BK=32, WM=32, WN=32, STAGES=3, occ=3, eff=0.237),
 )
 _NOT_DEFINES = ("tile", "occ", "eff")
 
@@ -48,8 +50,8 @@ _NOT_DEFINES = ("tile", "occ", "eff")
 CUBLAS_TILES = {  # dtype -> ((BM, BN, occ, eff), ...)
     "float32": ((128, 128, 2, 0.76), (64, 64, 4, 0.62)),
     "float64": ((128, 128, 2, 0.76), (64, 64, 4, 0.62)),
-    "float16": ((128, 256, 1, 0.70), (128, 128, 2, 0.62), (64, 64, 4, 0.45)),
-    "bfloat16": ((128, 256, 1, 0.72), (128, 128, 2, 0.62), (64, 64, 4, 0.45)),
+    "float16": ((128, 256, 1, 0.71), (128, 128, 2, 0.65), (64, 64, 4, 0.45)),
+    "bfloat16": ((128, 256, 1, 0.71), (128, 128, 2, 0.65), (64, 64, 4, 0.45)),
 }
 GPU_LAUNCH = 3e-6  # device-side start and drain of one kernel, seconds
 HOST_OWN, HOST_CUBLAS = 8e-6, 15e-6  # host seconds per call (RawKernel launch vs cupy.matmul)

@@ -133,13 +133,6 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     return pack_f16x2(lo, hi);
 #endif
 }
-__device__ __forceinline__ bits16 to16(float x) {
-#if BF16
-    return f32_to_bf16(x);
-#else
-    return f32_to_f16(x);
-#endif
-}
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __restrict__ C,
@@ -253,28 +246,40 @@ hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __rest
         }
     }
     cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stages: their memory stages the output
 
-    // Epilogue: each mma tile gives a thread rows g and g+8, columns 2c and 2c+1.
-    const bool pairs = (N & 1) == 0;
+    // Epilogue: each mma tile gives a thread rows g and g+8, columns 2c and 2c+1. The warp's
+    // WM x WN tile goes through shared memory (rows padded by 8 values against bank conflicts)
+    // so that global stores are whole 16-byte row pieces.
+    constexpr int CROW = WN + 8;
+    static_assert((BM / WM) * (BN / WN) * WM * CROW <= STAGES * (A_TILE + B_TILE), "staging fits the stages");
+    bits16* cs = sA + warp * WM * CROW;
     const int g = lane >> 2, c2 = (lane & 3) * 2;
 #pragma unroll
-    for (int i = 0; i < MI; ++i) {
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int m = m0 + wm0 + i * 16 + g + h * 8;
-            if (m >= M) continue;
-            bits16* crow = Cb + (i64)m * N;
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int j = 0; j < NI; ++j) {
-                const int n = n0 + wn0 + j * 8 + c2;
-                const float lo = acc[i][j][h * 2], hi = acc[i][j][h * 2 + 1];
-                if (pairs) {
-                    if (n < N) *reinterpret_cast<unsigned*>(crow + n) = pack2(lo, hi);
-                } else {
-                    if (n < N) crow[n] = to16(lo);
-                    if (n + 1 < N) crow[n + 1] = to16(hi);
-                }
-            }
+            for (int j = 0; j < NI; ++j)
+                *reinterpret_cast<unsigned*>(cs + (i * 16 + g + h * 8) * CROW + j * 8 + c2) =
+                    pack2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+    __syncwarp();
+    const bool vec = (N & 7) == 0;  // rows start 16-byte aligned
+    constexpr int CPR = WN / 8;     // 16-byte pieces per row
+#pragma unroll 4
+    for (int it = 0; it < WM * CPR / 32; ++it) {
+        const int idx = it * 32 + lane, row = idx / CPR, ch = idx % CPR;
+        const int m = m0 + wm0 + row, n = n0 + wn0 + ch * 8;
+        if (m >= M || n >= N) continue;
+        const uint4 v = *reinterpret_cast<const uint4*>(cs + row * CROW + ch * 8);
+        bits16* dst = Cb + (i64)m * N + n;
+        if (vec) {
+            *reinterpret_cast<uint4*>(dst) = v;
+        } else {
+            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 8; ++q)
+                if (n + q < N) dst[q] = (bits16)(w[q >> 1] >> ((q & 1) * 16));
         }
     }
 }
