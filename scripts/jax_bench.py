@@ -163,7 +163,7 @@ def main() -> int:
             plan = plan_of(op, [x], axis=-1)
             xla = next(c for c in plan.rows if c.kernel.name == f"jax.{op}.xla")
             pal = reg.kernels[f"jax.{op}.pallas_rows"]
-            variants = {"xla": lambda: xla.kernel.run(plan.problem, xla.config, x)}
+            variants = {"xla": lambda xla=xla, plan=plan, x=x: xla.kernel.run(plan.problem, xla.config, x)}
             ref = variants["xla"]()
             for cfg in pal.candidates(plan.problem) if pal.supports(plan.problem) else []:
                 label = ",".join(f"{k}={v}" for k, v in cfg.items())
@@ -173,7 +173,7 @@ def main() -> int:
                 except Exception as exc:  # report and go on
                     print(f"  pallas {op} {shape} [{label}] failed: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
-                variants[f"pallas[{label}]"] = (lambda cfg=cfg: pal.run(plan.problem, cfg, x))
+                variants[f"pallas[{label}]"] = lambda cfg=cfg, pal=pal, plan=plan, x=x: pal.run(plan.problem, cfg, x)
                 print(f"  pallas {op} {shape} [{label}] rel err vs xla {err:.2e}", flush=True)
             t = interleaved(variants, max(5, args.rounds // 2))
             gb = 2 * x.size * 4 / 1e9
@@ -190,7 +190,7 @@ def main() -> int:
         plan = plan_of("matmul", [a, b])
         xla = next(c for c in plan.rows if c.kernel.name == "jax.matmul.xla")
         pal = reg.kernels["jax.matmul.pallas_blocked"]
-        variants = {"xla": lambda: xla.kernel.run(plan.problem, xla.config, a, b)}
+        variants = {"xla": lambda xla=xla, plan=plan, a=a, b=b: xla.kernel.run(plan.problem, xla.config, a, b)}
         ref = variants["xla"]()
         for cfg in pal.candidates(plan.problem):
             label = ",".join(f"{k}={v}" for k, v in cfg.items())
@@ -199,7 +199,7 @@ def main() -> int:
             except Exception as exc:
                 print(f"  pallas matmul {dtype} [{label}] failed: {type(exc).__name__}: {str(exc)[:300]}")
                 continue
-            variants[f"pallas[{label}]"] = (lambda cfg=cfg: pal.run(plan.problem, cfg, a, b))
+            variants[f"pallas[{label}]"] = lambda cfg=cfg, pal=pal, plan=plan, a=a, b=b: pal.run(plan.problem, cfg, a, b)
             print(f"  pallas matmul {dtype} [{label}] rel err vs xla {err:.2e}", flush=True)
         t = interleaved(variants, max(5, args.rounds // 3))
         tf = 2 * mm_n**3 / 1e12

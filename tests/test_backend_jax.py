@@ -22,7 +22,7 @@ from opruntime.plugins import registry
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-from opruntime_jax.compile import TRACES  # noqa: E402
+from opruntime_jax.compile import TRACES
 
 JAX_DEVICES = [d.name for d in registry().devices if d.kind == "jax"]
 GPU_DEVICES = [n for n in JAX_DEVICES if ":gpu:" in n or ":tpu:" in n]
@@ -232,7 +232,7 @@ def test_pallas_softmax_edges(dev, op):
 @pytest.mark.parametrize("dev", ALL)
 def test_conv2d_every_attribute(dev, rng):
     x, w, b = random(rng, (2, 6, 11, 9), "float32"), random(rng, (4, 3, 3, 2), "float32"), random(rng, (4,), "float32")
-    attrs = dict(stride=(2, 1), padding=(2, 1), dilation=(1, 2), groups=2)
+    attrs = {"stride": (2, 1), "padding": (2, 1), "dilation": (1, 2), "groups": 2}
     with pinned("conv2d", "jax.conv2d.xla"):
         out = opr.conv2d(x, w, b, device=dev, **attrs)
     _check(out, OPS["conv2d"].reference(x, w, b, **attrs), "float32", dev)

@@ -120,7 +120,7 @@ class JitKernel:
     identity and calls it; ``run.jit`` leads back here.
     """
 
-    __slots__ = ("name", "build", "fast", "jitted", "run")
+    __slots__ = ("build", "fast", "jitted", "name", "run")
     FAST_MAX = 4096  # problems remembered by identity; past this the map starts over
 
     def __init__(self, name: str, build: Builder) -> None:

@@ -46,7 +46,7 @@ def pallas_cost(problem: Problem, config: Mapping[str, Any]) -> float:
     f32, half, launch = PALLAS_EFF.get(platform(problem.device), (0.5, 0.5, 1.5))
     eff = half if problem.dtype in ("float16", "bfloat16") else f32
     bm, bn, _ = pallas_matmul.blocks(problem, config)
-    (*_, m, k), n = problem.shapes[0], problem.shapes[1][-1]
+    m, n = problem.shapes[0][-2], problem.shapes[1][-1]
     reads = io_bytes(problem) * (1 + m / bn / 8 + n / bm / 8)  # A re-read per column block, B per row block (L2 helps)
     return device_cost(problem, flops(problem), reads, flop_eff=eff, launch_mult=launch)
 

@@ -71,7 +71,7 @@ def build(problem: Problem, config: Mapping[str, Any], log: bool) -> Any:
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    shape, axis, last = problem.shapes[0], problem.attrs["axis"], len(problem.shapes[0]) - 1
+    axis, last = problem.attrs["axis"], len(problem.shapes[0]) - 1
     rows, cols = rows_cols(problem)
     br, cp = config["block_rows"], padded_cols(problem)
     rp = round_up(rows, br)

@@ -47,7 +47,7 @@ PALLAS_EFF = {"cpu": (0.01, 50.0), "gpu": (0.85, 1.2), "tpu": (0.5, 1.2)}
 
 def pallas_cost(problem: Problem, config: Mapping[str, Any]) -> float:
     eff, launch = PALLAS_EFF.get(platform(problem.device), (0.5, 1.2))
-    rows, cols = pallas_softmax.rows_cols(problem)
+    cols = pallas_softmax.rows_cols(problem)[1]
     padded = pallas_softmax.padded_cols(problem) / cols
     moved = 2.0 if problem.attrs["axis"] != len(problem.shapes[0]) - 1 else 0.0  # a transpose in and out
     nbytes = io_bytes(problem) * (padded + moved + (1.0 if padded > 1 else 0.0))
