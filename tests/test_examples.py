@@ -135,6 +135,17 @@ def test_bench_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert roof["bytes_per_s"] > 0 and roof["flops_per_s"]["float32"] > 0
 
 
+def test_roofs_are_raised_to_measured_rates() -> None:
+    from opruntime.bench import Result
+    from opruntime.benchplot import _fit_roofs
+
+    compute_bound = Result("matmul", "p", "float32", "cpu", time_s=1.0, flops=100e9, bytes=1e9, peers={"x": 0.5})
+    assert _fit_roofs(10e9, {"float32": 50e9}, [compute_bound]) == (10e9, {"float32": 200e9}, True)
+    memory_bound = Result("softmax", "p", "float32", "cpu", time_s=1.0, flops=1e9, bytes=2e9)
+    assert _fit_roofs(1e9, {"float32": 50e9}, [memory_bound]) == (2e9, {"float32": 50e9}, True)
+    assert _fit_roofs(10e9, {"float32": 50e9}, [memory_bound]) == (10e9, {"float32": 50e9}, False)
+
+
 def test_bench_plot_without_matplotlib_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     from opruntime import benchplot
 
