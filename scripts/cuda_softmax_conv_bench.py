@@ -297,8 +297,19 @@ def bench_overhead(results: dict) -> None:
     a, b, c = np.int64(1), np.int64(16), np.int64(16)
     res["raw_launch_npint64"] = measure(lambda: fn((1,), (128,), (x, y, a, b, c)), sync, batch_s=0.02) * 1e6
     res["cupy_empty"] = measure(lambda: cp.empty((16,), cp.float32), sync, batch_s=0.02) * 1e6
+    launch = sm._launches[(id(p), id(cfg))][2]
+    res["launch_closure"] = measure(lambda: launch(x), sync, batch_s=0.02) * 1e6
+    getdev = cp.cuda.runtime.getDevice
+    res["getdev"] = measure(getdev, sync, batch_s=0.02) * 1e6
+    res["cupy_empty_xdtype"] = measure(lambda: cp.empty((16,), x.dtype), sync, batch_s=0.02) * 1e6
+    res["ptr_check"] = measure(lambda: x.data.ptr & 15, sync, batch_s=0.02) * 1e6
+    args = (x, y, 1, 16, 16)
+    res["raw_launch_prebuilt_args"] = measure(lambda: fn((1,), (128,), args), sync, batch_s=0.02) * 1e6
+    res["raw_launch_2args"] = measure(lambda: fn((1,), (128,), (x, y)), sync, batch_s=0.02) * 1e6
+    print(f"fn type: {type(fn)}")
     t = opr.Tensor._wrap(x, dev)
     res["opr_softmax_tensor"] = measure(lambda: opr.softmax(t), sync, batch_s=0.02) * 1e6
+    res["opr_log_softmax_tensor"] = measure(lambda: opr.log_softmax(t), sync, batch_s=0.02) * 1e6
     res["ratio_frontend_vs_cupy_exp"] = res["opr_softmax_tensor"] / res["cupy_exp"]
     print("overhead (us per call): " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()))
 

@@ -254,7 +254,7 @@ def test_softmax_poisoned_output_is_fully_written(cp):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel_name", ["igemm_simt", "igemm_mma", "depthwise", "im2col_cublas"])
+@pytest.mark.parametrize("kernel_name", ["igemm_simt", "igemm_mma", "winograd_f2x3", "depthwise", "im2col_cublas"])
 def test_conv2d_every_config(cp, kernel_name):
     rng = np.random.default_rng()
     kernel = next(k for k in conv.kernels() if k.name == f"cupy.conv2d.{kernel_name}")
@@ -320,3 +320,44 @@ def test_selector_uses_these_kernels_through_the_frontend(cp):
     xc = rng.standard_normal((2, 4, 10, 10)).astype(np.float32)
     assert rel_err(opr.conv2d(xc, w, padding=1, device="cuda:0").numpy(),
                    OPS["conv2d"].reference(xc, w, padding=1)) < 1e-5
+
+
+# -- CPU: the Winograd F(2x2, 3x3) transforms as conv_winograd.cu writes them --------------------------
+
+
+def winograd_emulated(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pad_t: int, pad_l: int, p: int, q: int):
+    """conv_winograd.cu's three transforms and the grouped GEMM, line for line, in NumPy."""
+    n, c = x.shape[:2]
+    k = w.shape[0]
+    g = w.reshape(k, c, 3, 3)
+    t = np.stack([g[..., 0, :], 0.5 * (g[..., 0, :] + g[..., 1, :] + g[..., 2, :]),
+                  0.5 * (g[..., 0, :] - g[..., 1, :] + g[..., 2, :]), g[..., 2, :]], axis=-2)  # (k, c, 4, 3)
+    u = np.stack([t[..., 0], 0.5 * (t[..., 0] + t[..., 1] + t[..., 2]), 0.5 * (t[..., 0] - t[..., 1] + t[..., 2]),
+                  t[..., 2]], axis=-1)  # (k, c, 4, 4): u[..., r, j] is xi = 4r + j
+    th, tw = -(-p // 2), -(-q // 2)
+    xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
+    src = np.pad(x, ((0, 0), (0, 0), (pad_t, 2 * th + 2), (pad_l, 2 * tw + 2)))
+    xp[:] = src[:, :, : 2 * th + 2, : 2 * tw + 2]
+    d = np.stack([np.stack([xp[:, :, a: a + 2 * th: 2, bb: bb + 2 * tw: 2] for bb in range(4)], -1)
+                  for a in range(4)], -2)  # (n, c, th, tw, 4, 4)
+    e = np.stack([d[..., 0, :] - d[..., 2, :], d[..., 1, :] + d[..., 2, :], d[..., 2, :] - d[..., 1, :],
+                  d[..., 1, :] - d[..., 3, :]], -2)
+    v = np.stack([e[..., 0] - e[..., 2], e[..., 1] + e[..., 2], e[..., 2] - e[..., 1], e[..., 1] - e[..., 3]], -1)
+    m = np.einsum("kcij,nctsij->nktsij", u, v)  # the 16 products (the grouped GEMM)
+    s = np.stack([m[..., 0, :] + m[..., 1, :] + m[..., 2, :], m[..., 1, :] - m[..., 2, :] - m[..., 3, :]], -2)
+    r = np.stack([s[..., 0] + s[..., 1] + s[..., 2], s[..., 1] - s[..., 2] - s[..., 3]], -1)  # (n,k,th,tw,2,2)
+    y = r.transpose(0, 1, 2, 4, 3, 5).reshape(n, k, 2 * th, 2 * tw)[:, :, :p, :q]
+    return y + (0 if b is None else b.reshape(1, -1, 1, 1))
+
+
+@pytest.mark.parametrize("xs,ws,attrs", [((2, 3, 9, 11), (4, 3, 3, 3), {"padding": 1}),
+                                         ((1, 5, 8, 7), (2, 5, 3, 3), {}),
+                                         ((2, 2, 6, 6), (3, 2, 3, 3), {"padding": (0, 2)})])
+def test_winograd_transforms_emulated(xs, ws, attrs):
+    rng = np.random.default_rng()
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    p = make_problem("conv2d", [x, w, b], "float32", **attrs)
+    assert conv._winograd_ok(p)
+    pt, _, pl, _ = p.attrs["padding"]
+    got = winograd_emulated(x, w, b, pt, pl, p.out_shape[2], p.out_shape[3])
+    assert rel_err(got, OPS["conv2d"].reference(x, w, b, **attrs)) < 1e-12

@@ -22,11 +22,13 @@ conv_im2col(const T* __restrict__ x, T* __restrict__ cols, const int4* __restric
         const int g = (int)(rest % groups);
         const int img = (int)(rest / groups);
         const int op = pq / p.q, oq = pq - op * p.q;
-        const int4 t = tab[crs];
-        const int ih = op * p.str_h - p.pad_t + t.y, iw = oq * p.str_w - p.pad_l + t.z;
+        const int4 t = tab[crs];  // t.x already holds c, r and s as an offset: add the tile corner only
+        const int ih0 = op * p.str_h - p.pad_t, iw0 = oq * p.str_w - p.pad_l;
+        const int ih = ih0 + t.y, iw = iw0 + t.z;
         T v = (T)0;
         if ((unsigned)ih < (unsigned)p.h && (unsigned)iw < (unsigned)p.w)
-            v = x[(long long)img * p.sx_n + (long long)g * p.cg * p.sx_c + (long long)ih * p.sx_h + (long long)iw * p.sx_w + t.x];
+            v = x[(long long)img * p.sx_n + (long long)g * p.cg * p.sx_c + (long long)ih0 * p.sx_h +
+                  (long long)iw0 * p.sx_w + t.x];
         cols[idx] = v;
     }
 }
