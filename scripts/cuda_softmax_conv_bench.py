@@ -305,7 +305,6 @@ def bench_overhead(results: dict) -> None:
     res["ptr_check"] = measure(lambda: x.data.ptr & 15, sync, batch_s=0.02) * 1e6
     args = (x, y, 1, 16, 16)
     res["raw_launch_prebuilt_args"] = measure(lambda: fn((1,), (128,), args), sync, batch_s=0.02) * 1e6
-    res["raw_launch_2args"] = measure(lambda: fn((1,), (128,), (x, y)), sync, batch_s=0.02) * 1e6
     print(f"fn type: {type(fn)}")
     t = opr.Tensor._wrap(x, dev)
     res["opr_softmax_tensor"] = measure(lambda: opr.softmax(t), sync, batch_s=0.02) * 1e6
