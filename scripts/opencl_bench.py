@@ -75,16 +75,27 @@ def bench_matmul(dev, sizes, peers, rows, repeats, verbose_build):
     reg = registry()
     prov = dev.provider
     rng = np.random.default_rng(1)
+    # edge tiles everywhere (odd sizes, batched with broadcast) and full tiles (the vector fast path)
+    checks = []
+    for sa, sb in (((3, 67, 129), (129, 65)), ((256, 256), (256, 256)), ((2, 1, 160, 96), (3, 96, 200))):
+        ah, bh = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+        checks.append((make_problem("matmul", dev.name, [sa, sb]), prov.from_host(ah), prov.from_host(bh),
+                       np.matmul(ah.astype(np.float64), bh)))
+    refs = {}
+    for n in sizes:
+        ah = rng.standard_normal((n, n)).astype(np.float32)
+        bh = rng.standard_normal((n, n)).astype(np.float32)
+        ref = np.matmul(ah.astype(np.float64), bh) if n <= 2048 else ah @ bh  # float32 BLAS at 4096: time
+        refs[n] = (ah, bh, prov.from_host(ah), prov.from_host(bh), ref)
     for kernel in reg.kernels_for("matmul", "opencl"):
-        check = make_problem("matmul", dev.name, [(3, 67, 129), (129, 65)])
-        a_h, b_h = rng.standard_normal((3, 67, 129)).astype(np.float32), rng.standard_normal((129, 65)).astype(np.float32)
-        a, b = prov.from_host(a_h), prov.from_host(b_h)
-        for cfg in configs_of(kernel, check):
+        for cfg in configs_of(kernel, checks[0][0]):
             label = f"{kernel.name}[{','.join(f'{k}={v}' for k, v in cfg.items())}]"
             t0 = time.perf_counter()
             try:
-                out = kernel.run(check, cfg, a, b)
-                err = rel_err(prov.to_host(out), np.matmul(a_h.astype(np.float64), b_h))
+                err = 0.0
+                for p, a, b, ref in checks:
+                    if cfg in configs_of(kernel, p):
+                        err = max(err, rel_err(prov.to_host(kernel.run(p, cfg, a, b)), ref))
             except Exception as exc:
                 print(f"{label}: FAILED {type(exc).__name__}: {str(exc)[:2000]}")
                 rows.append({"op": "matmul", "kernel": label, "error": str(exc)[:2000]})
@@ -100,25 +111,25 @@ def bench_matmul(dev, sizes, peers, rows, repeats, verbose_build):
                     import pyopencl as cl
 
                     log = prg.get_build_info(prov.cl_device, cl.program_build_info.LOG)
-                    print(f"  build log {label}: {' '.join(log.split())[-300:]}")
+                    keep = [ln.strip() for ln in log.splitlines() if "Used" in ln or "spill" in ln or "rror" in ln]
+                    print(f"  ptxas {label}: {' | '.join(keep)[-400:]}")
                 except Exception as exc:  # pragma: no cover - diagnostics only
                     print(f"  build log {label}: unavailable ({exc})")
             for n in sizes:
                 p = make_problem("matmul", dev.name, [(n, n), (n, n)])
                 if cfg not in configs_of(kernel, p):
                     continue
-                ah = rng.standard_normal((n, n)).astype(np.float32)
-                bh = rng.standard_normal((n, n)).astype(np.float32)
-                da, db = prov.from_host(ah), prov.from_host(bh)
+                ah, bh, da, db, ref = refs[n]
+                n_err = rel_err(prov.to_host(kernel.run(p, cfg, da, db)), ref)
                 t = median_time(prov, lambda: kernel.run(p, cfg, da, db), repeats)
                 tf = 2 * n**3 / t / 1e12
                 row = {"op": "matmul", "kernel": label, "n": n, "s": t, "tflops": tf, "check_err": err,
-                       "first_run_s": build_s}
+                       "err_at_n": n_err, "first_run_s": build_s}
                 rows.append(row)
-                print(f"{label:78s} n={n:5d} {t * 1e3:9.3f} ms {tf:7.3f} TFLOP/s  (err {err:.1e})", flush=True)
+                print(f"{label:78s} n={n:5d} {t * 1e3:9.3f} ms {tf:7.3f} TFLOP/s  (err {err:.1e}, at n {n_err:.1e})",
+                      flush=True)
     for n in sizes:
-        ah = rng.standard_normal((n, n)).astype(np.float32)
-        bh = rng.standard_normal((n, n)).astype(np.float32)
+        ah, bh = refs[n][:2]
         t = host_time(lambda: ah @ bh, max(3, repeats // 4))
         rows.append({"op": "matmul", "kernel": "peer:numpy", "n": n, "s": t, "tflops": 2 * n**3 / t / 1e12})
         print(f"{'peer numpy (host BLAS)':78s} n={n:5d} {t * 1e3:9.3f} ms {2 * n**3 / t / 1e12:7.3f} TFLOP/s")
@@ -131,18 +142,21 @@ def bench_matmul(dev, sizes, peers, rows, repeats, verbose_build):
             print(f"{'peer cupy.matmul (cuBLAS)':78s} n={n:5d} {t * 1e3:9.3f} ms {2 * n**3 / t / 1e12:7.3f} TFLOP/s")
 
 
-def bench_softmax(dev, shapes, peers, rows, repeats):
+def bench_softmax(dev, shapes, peers, rows, repeats, red_variants=False):
     reg = registry()
     prov = dev.provider
     rng = np.random.default_rng(2)
     for op in ("softmax", "log_softmax"):
         for kernel in reg.kernels_for(op, "opencl"):
-            for r, c in shapes:
+            for r, c in shapes if op == "softmax" else shapes[:1]:  # log_softmax: the first shape only
                 p = make_problem(op, dev.name, [(r, c)], axis=1)
                 xh = (rng.standard_normal((r, c)) * 4).astype(np.float32)
                 x = prov.from_host(xh)
                 ref = OPS[op].reference(xh, axis=1)
-                for cfg in configs_of(kernel, p):
+                cfgs = configs_of(kernel, p)
+                if red_variants:  # the same configs with local-memory reductions instead of shuffles
+                    cfgs += [{**c, "RED": 0} for c in cfgs if c.get("RED", 0) != 0]
+                for cfg in cfgs:
                     label = f"{kernel.name}[{','.join(f'{k}={v}' for k, v in cfg.items())}]"
                     try:
                         err = rel_err(prov.to_host(kernel.run(p, cfg, x)), ref)
@@ -211,6 +225,7 @@ def main(argv=None) -> None:
     ap.add_argument("--peers", nargs="*", default=[])
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--verbose-build", action="store_true", help="print NVIDIA's ptxas report per matmul config")
+    ap.add_argument("--red-variants", action="store_true", help="also time softmax configs with RED=0")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dev = opr.Device(args.device)
@@ -220,7 +235,7 @@ def main(argv=None) -> None:
         bench_matmul(dev, args.matmul, args.peers, rows, args.repeats, args.verbose_build)
     if args.softmax:
         shapes = [tuple(map(int, s.split("x"))) for s in args.softmax]
-        bench_softmax(dev, shapes, args.peers, rows, args.repeats)
+        bench_softmax(dev, shapes, args.peers, rows, args.repeats, args.red_variants)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": dev.provider.fingerprint(), "rows": rows}, f, indent=1)

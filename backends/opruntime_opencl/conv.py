@@ -158,7 +158,8 @@ def direct_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
 
 def igemm_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
     dev = provider(problem.device)
-    fit = [c for c in IGEMM_CONFIGS if igemm_fits(dev, c, problem.dtype)]
+    menu = IGEMM_CONFIGS[:1] + IGEMM_CONFIGS[3:4] if dev.type == "cpu" else IGEMM_CONFIGS  # CPUs: a wide and a narrow tile
+    fit = [c for c in menu if igemm_fits(dev, c, problem.dtype)]
     return sorted(fit, key=lambda c: igemm_cost(problem, c))
 
 

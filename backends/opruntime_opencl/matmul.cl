@@ -6,7 +6,8 @@
 //   gemm_tiled:  TSM, TSN, TSK (the work-group's tile), WPTM, WPTN (the outputs each work-item
 //                computes: register blocking), VW (vector width of global loads, local tiles and
 //                stores: 1, 2 or 4), AT (1: the A tile is kept k-major in local memory, so each
-//                k step reads WPTM / VW vectors of A instead of WPTM: fewer registers).
+//                k step reads WPTM / VW vectors of A instead of WPTM: fewer registers), DB (1: two
+//                local stages, one barrier per k tile instead of two).
 //                The work-group is (TSN / WPTN, TSM / WPTM).
 //   gemm_simple: TS (a TS x TS tile, one output per work-item).
 
@@ -55,6 +56,14 @@
 #ifndef LOCAL_PTR
 #define LOCAL_PTR __local
 #endif
+#if AT
+#define AST T                      // A tile element: scalars, k-major
+#define A_TILE (TSK * TSM)
+#else
+#define AST VT                     // A tile element: vectors along k, row-major
+#define A_TILE (TSM * KV)
+#endif
+#define STAGES (DB ? 2 : 1)
 
 // Output (and A-tile) row of the work-item's wm-th row: VW consecutive rows per chunk, chunks
 // RTSM * VW apart, so one vector read of the B tile serves VW columns and the stores coalesce.
@@ -97,17 +106,30 @@ inline void load_tiles(__global const T* A, __global const T* B, int lda, int ld
     }
 }
 
+// Registers -> one local stage. AT: A kept k-major as scalars (As[k * TSM + m]); else row-major
+// vectors (As[m * KV + kv]). B is row-major vectors (Bs[k * NV + nv]).
+inline void store_tiles(LOCAL_PTR AST* as, LOCAL_PTR VT* bs, const VT* ra, const VT* rb, int tid) {
+    #pragma unroll
+    for (int l = 0; l < LPTA; l++) {
+        int idx = l * WG + tid;
+#if AT
+        #pragma unroll
+        for (int c = 0; c < VW; c++) as[(A_KV(idx) * VW + c) * TSM + A_ROW(idx)] = VGET(ra[l], c);
+#else
+        as[A_ROW(idx) * KV + A_KV(idx)] = ra[l];
+#endif
+    }
+    #pragma unroll
+    for (int l = 0; l < LPTB; l++) bs[l * WG + tid] = rb[l];
+}
+
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void gemm_tiled(const int M, const int N, const int K,
                 __global const T* A, __global const long* aoff, const int lda, const int a_vec,
                 __global const T* B, __global const long* boff, const int ldb, const int b_vec,
                 __global T* C, const int c_vec) {
-#if AT
-    __local T As[TSK][TSM] __attribute__((aligned(sizeof(VT))));   // k-major: As[k][m]
-#else
-    __local VT As[TSM][KV];   // row-major: As[m][k vector]
-#endif
-    __local VT Bs[TSK][NV];
+    __local AST As[STAGES * A_TILE] __attribute__((aligned(sizeof(VT))));
+    __local VT Bs[STAGES * TSK * NV];
 
     const int lx = get_local_id(0), ly = get_local_id(1), tid = ly * RTSN + lx;
     const int n0 = get_group_id(0) * TSN, m0 = get_group_id(1) * TSM, batch = get_group_id(2);
@@ -126,22 +148,22 @@ void gemm_tiled(const int M, const int N, const int K,
     VT ra[LPTA], rb[LPTB];
     load_tiles(A, B, lda, ldb, M, N, K, m0, n0, 0, a_vec && rows_in && TSK <= K, b_vec && cols_in && TSK <= K,
                tid, ra, rb);
+#if DB  // two local stages: tile t+1 is stored while tile t is read, one barrier per tile
+    store_tiles(As, Bs, ra, rb, tid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
     for (int t = 0; t < ntiles; t++) {
-        barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's readers are done
-        #pragma unroll
-        for (int l = 0; l < LPTA; l++) {
-            int idx = l * WG + tid;
-#if AT
-            #pragma unroll
-            for (int c = 0; c < VW; c++) As[A_KV(idx) * VW + c][A_ROW(idx)] = VGET(ra[l], c);
+#if DB
+        LOCAL_PTR const AST* as = As + (t & 1) * A_TILE;
+        LOCAL_PTR const VT* bs = Bs + (t & 1) * TSK * NV;
 #else
-            As[A_ROW(idx)][A_KV(idx)] = ra[l];
-#endif
-        }
-        #pragma unroll
-        for (int l = 0; l < LPTB; l++) { int idx = l * WG + tid; Bs[idx / NV][idx % NV] = rb[l]; }
+        LOCAL_PTR const AST* as = As;
+        LOCAL_PTR const VT* bs = Bs;
+        barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's readers are done
+        store_tiles(As, Bs, ra, rb, tid);
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
         if (t + 1 < ntiles) {  // prefetch the next tile into registers while this one is used
             int k1 = (t + 1) * TSK;
             bool kin = k1 + TSK <= K;
@@ -153,9 +175,9 @@ void gemm_tiled(const int M, const int N, const int K,
         for (int k = 0; k < TSK; k++) {
             VT a[WPTM / VW], b[WPTN / VW];
             #pragma unroll
-            for (int i = 0; i < WPTM / VW; i++) a[i] = *(LOCAL_PTR const VT*)&As[k][ROW(ly, i * VW)];
+            for (int i = 0; i < WPTM / VW; i++) a[i] = *(LOCAL_PTR const VT*)(as + k * TSM + ROW(ly, i * VW));
             #pragma unroll
-            for (int j = 0; j < WPTN / VW; j++) b[j] = Bs[k][COLV(lx, j)];
+            for (int j = 0; j < WPTN / VW; j++) b[j] = bs[k * NV + COLV(lx, j)];
             #pragma unroll
             for (int i = 0; i < WPTM; i++) {
                 ACC ai = (ACC)VGET(a[i / VW], i % VW);
@@ -168,12 +190,12 @@ void gemm_tiled(const int M, const int N, const int K,
         for (int kv = 0; kv < KV; kv++) {
             VT a[WPTM];
             #pragma unroll
-            for (int i = 0; i < WPTM; i++) a[i] = As[ROW(ly, i)][kv];
+            for (int i = 0; i < WPTM; i++) a[i] = as[ROW(ly, i) * KV + kv];
             #pragma unroll
             for (int c = 0; c < VW; c++) {
                 VT b[WPTN / VW];
                 #pragma unroll
-                for (int j = 0; j < WPTN / VW; j++) b[j] = Bs[kv * VW + c][COLV(lx, j)];
+                for (int j = 0; j < WPTN / VW; j++) b[j] = bs[(kv * VW + c) * NV + COLV(lx, j)];
                 #pragma unroll
                 for (int i = 0; i < WPTM; i++) {
                     ACC ai = (ACC)VGET(a[i], c);
@@ -182,6 +204,10 @@ void gemm_tiled(const int M, const int N, const int K,
                 }
             }
         }
+#endif
+#if DB
+        if (t + 1 < ntiles) store_tiles(As + ((t + 1) & 1) * A_TILE, Bs + ((t + 1) & 1) * TSK * NV, ra, rb, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
 #endif
     }
 

@@ -31,21 +31,27 @@ def kernels() -> list[Kernel]:
 
 
 #: The tuned kernel's variants: tile (TSM x TSN x TSK), outputs per work-item (WPTM x WPTN),
-#: vector width VW, A tile k-major (AT) and, on NVIDIA, a register cap (MAXREG, 0: none; ptxas
+#: vector width VW, A tile k-major (AT), two local stages (DB) and, on NVIDIA, a register cap (MAXREG, 0: none; ptxas
 #: needs 167 registers for 128x128x16 uncapped, i.e. one work-group per SM, and spills nothing at
 #: 128: scripts/opencl_nvcc_check.py). ``config_for`` keeps those that fit the device, by cost.
-TILED_CONFIGS: tuple[dict[str, int], ...] = (
-    dict(TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, VW=4, AT=1, MAXREG=128),
-    dict(TSM=128, TSN=128, TSK=8, WPTM=8, WPTN=8, VW=4, AT=1, MAXREG=0),
-    dict(TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, VW=4, AT=0, MAXREG=0),
-    dict(TSM=128, TSN=64, TSK=16, WPTM=8, WPTN=4, VW=4, AT=1, MAXREG=0),
-    dict(TSM=64, TSN=128, TSK=16, WPTM=4, WPTN=8, VW=4, AT=1, MAXREG=0),
-    dict(TSM=64, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4, AT=1, MAXREG=0),
-    dict(TSM=64, TSN=64, TSK=16, WPTM=8, WPTN=4, VW=4, AT=0, MAXREG=0),
-    dict(TSM=32, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4, AT=1, MAXREG=0),
-    dict(TSM=32, TSN=32, TSK=16, WPTM=2, WPTN=2, VW=2, AT=0, MAXREG=0),
-    dict(TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, VW=4, AT=1, MAXREG=0),
+GPU_TILED = (
+    dict(TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, VW=4, AT=1, DB=0, MAXREG=128),
+    dict(TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, VW=4, AT=1, DB=1, MAXREG=128),
+    dict(TSM=128, TSN=128, TSK=8, WPTM=8, WPTN=8, VW=4, AT=1, DB=1, MAXREG=128),
+    dict(TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, VW=4, AT=0, DB=0, MAXREG=0),
+    dict(TSM=128, TSN=64, TSK=16, WPTM=8, WPTN=4, VW=4, AT=1, DB=1, MAXREG=0),
+    dict(TSM=64, TSN=128, TSK=16, WPTM=4, WPTN=8, VW=4, AT=1, DB=1, MAXREG=0),
+    dict(TSM=64, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4, AT=1, DB=1, MAXREG=0),
+    dict(TSM=32, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4, AT=1, DB=0, MAXREG=0),
+    dict(TSM=32, TSN=32, TSK=16, WPTM=2, WPTN=2, VW=2, AT=0, DB=0, MAXREG=0),
 )
+#: CPUs (PoCL): small work-groups, no register caps; the fastest three on a 2-core AVX-512 host.
+CPU_TILED = (
+    dict(TSM=32, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4, AT=1, DB=0, MAXREG=0),
+    dict(TSM=64, TSN=64, TSK=16, WPTM=8, WPTN=4, VW=4, AT=0, DB=0, MAXREG=0),
+    dict(TSM=64, TSN=64, TSK=16, WPTM=4, WPTN=4, VW=4, AT=1, DB=1, MAXREG=0),
+)
+TILED_CONFIGS: tuple[dict[str, int], ...] = (*GPU_TILED, *(c for c in CPU_TILED if c not in GPU_TILED))
 SIMPLE_CONFIGS: tuple[dict[str, int], ...] = (dict(TS=16), dict(TS=8))
 
 TYPES = {"float32": ("float", "float", {}), "float64": ("double", "double", {"USE_FP64": 1}),
@@ -77,9 +83,10 @@ def _batch_offsets(dev: OpenCLDevice, x: Any, batch: tuple[int, ...]) -> tuple[A
     offs = np.full(max(math.prod(batch), 1), element_offset(x), np.int64)
     if batch:
         idx = np.indices(batch).reshape(len(batch), -1)
+        lead = len(batch) - len(bshape)  # batch dims align from the right, as in broadcasting
         for d, (n, s) in enumerate(zip(bshape, bstr)):
             if n != 1:
-                offs += idx[d] * s
+                offs += idx[lead + d] * s
     key = (dev.name, offs.tobytes())
     buf = _offsets.get(key)
     if buf is None:
@@ -138,7 +145,7 @@ def tiled_fits(dev: OpenCLDevice, cfg: Mapping[str, int], dtype: str) -> bool:
     limits = dev.cl_device.max_work_item_sizes
     return (wg <= dev.max_wg and tsn // wn <= limits[0] and tsm // wm <= limits[1]
             and (tsm * tsk // vw) % wg == 0 and (tsk * tsn // vw) % wg == 0
-            and (tsm + tsn) * tsk * itemsize(dtype) <= dev.local_mem - 256)
+            and (tsm + tsn) * tsk * itemsize(dtype) * (2 if cfg.get("DB") else 1) <= dev.local_mem - 256)
 
 
 def simple_fits(dev: OpenCLDevice, cfg: Mapping[str, int], dtype: str) -> bool:
@@ -179,7 +186,7 @@ def simple_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
 
 def tiled_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
     dev = provider(problem.device)
-    fit = [c for c in TILED_CONFIGS if tiled_fits(dev, c, problem.dtype)]
+    fit = [c for c in (CPU_TILED if dev.type == "cpu" else GPU_TILED) if tiled_fits(dev, c, problem.dtype)]
     return sorted(fit, key=lambda c: tiled_cost(problem, c))
 
 

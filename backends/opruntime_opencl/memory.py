@@ -110,7 +110,9 @@ class OpenCLDevice(DeviceProvider):
         return out
 
     def from_host(self, array: np.ndarray) -> Any:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array)
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
+            array = np.ascontiguousarray(array)
         out = self.empty(array.shape, array.dtype)
         if array.size:
             out.set(array)
@@ -167,7 +169,7 @@ class OpenCLDevice(DeviceProvider):
 
     # -- DLPack: through the host --------------------------------------------------------------
     def to_dlpack(self, data: Any, **kwargs: Any) -> Any:
-        return np.ascontiguousarray(self.to_host(data)).__dlpack__(**kwargs)
+        return self.to_host(data).__dlpack__(**kwargs)
 
     def dlpack_device(self, data: Any) -> tuple[int, int]:
         return (1, 0)  # kDLCPU: the capsule holds a host copy
@@ -284,7 +286,7 @@ def discover() -> tuple[list[OpenCLDevice], str]:
     """
     global _discovered, _reason
     if not _discovered:
-        _discovered = True
+        _discovered, _reason = True, ""
         try:
             import pyopencl as cl
         except ImportError as exc:
@@ -300,7 +302,9 @@ def discover() -> tuple[list[OpenCLDevice], str]:
                 found += p.get_devices()
             except cl.Error:  # a platform with no devices
                 continue
-        if platforms and not found:
+        if not platforms and not _reason:
+            _reason = "no OpenCL platform found (the ICD loader lists none); install an ICD such as pocl-opencl-icd"
+        elif platforms and not found:
             _reason = f"OpenCL platforms {', '.join(p.name for p in platforms)} have no devices"
         aliases = alias_map(found, cl)
         for i, d in enumerate(found):

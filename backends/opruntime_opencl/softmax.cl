@@ -53,7 +53,11 @@
 #define LOADC(p, e) TO_ACC(*(__global const VT*)((p) + (long)(e) * inner))
 #define STOREC(p, e, v) (*(__global VT*)((p) + (long)(e) * inner) = TO_T(v))
 #endif
-#define ISNEGINF(v) ((v) == (VACC)(NEG_INF))
+#if VW == 1  // v where m is finite, 0 where m is -inf (an all -inf prefix sums nothing)
+#define UNLESS_NEGINF(v, m) ((m) == NEG_INF ? (ACC)0 : (v))
+#else
+#define UNLESS_NEGINF(v, m) select((v), (VACC)(0), (m) == (VACC)(NEG_INF))
+#endif
 
 
 #ifdef TPR  // ------------------------------------------------------------------ softmax_rows
@@ -154,7 +158,7 @@ void softmax_rows(__global const T* x, const long xoff, __global T* y, const int
     }
     const ACC s = row_reduce(HRED(sv, ADD), 0, lx, red_sum[ly], red_sum2[ly]);
 #if LOG
-    const ACC lse = m + log(s);
+    const ACC logs = log(s);  // (x - m) - log(s): m + log(s) would round away log(s) for huge m
 #else
     const ACC inv = (ACC)1 / s;
 #endif
@@ -163,7 +167,7 @@ void softmax_rows(__global const T* x, const long xoff, __global T* y, const int
         int e = (i * TPR + lx) * VW;
         if (!active || e >= L) continue;
 #if LOG
-        STOREV(yr, e, v[i] - lse);
+        STOREV(yr, e, (v[i] - m) - logs);
 #else
         STOREV(yr, e, v[i] * inv);
 #endif
@@ -179,8 +183,8 @@ void softmax_rows(__global const T* x, const long xoff, __global T* y, const int
     }
     const ACC s = row_reduce(HRED(sv, ADD), 0, lx, red_sum[ly], red_sum2[ly]);
 #if LOG
-    const ACC lse = m + log(s);
-    for (int e = lx * VW; e < L && active; e += TPR * VW) STOREV(yr, e, LOADV(xr, e) - lse);
+    const ACC logs = log(s);
+    for (int e = lx * VW; e < L && active; e += TPR * VW) STOREV(yr, e, (LOADV(xr, e) - m) - logs);
 #else
     const ACC inv = (ACC)1 / s;
     for (int e = lx * VW; e < L && active; e += TPR * VW) STOREV(yr, e, exp(LOADV(xr, e) - m) * inv);
@@ -202,8 +206,8 @@ __kernel void softmax_columns(__global const T* x, const long xoff, __global T* 
     VACC m = (VACC)(NEG_INF), s = (VACC)(0), comp = (VACC)(0);  // comp: Kahan compensation
     for (int e = 0; e < L; e++) {  // online max and sum: one read
         VACC v = LOADC(xr, e), mnew = fmax(m, v);
-        VACC scale = select(exp(m - mnew), (VACC)(0), ISNEGINF(mnew));  // rescale what was summed
-        VACC add = select(exp(v - mnew), (VACC)(0), ISNEGINF(mnew));
+        VACC scale = UNLESS_NEGINF(exp(m - mnew), mnew);  // rescale what was summed so far
+        VACC add = UNLESS_NEGINF(exp(v - mnew), mnew);
         s *= scale;
         comp *= scale;
         VACC yk = add - comp, t = s + yk;
@@ -212,8 +216,8 @@ __kernel void softmax_columns(__global const T* x, const long xoff, __global T* 
         m = mnew;
     }
 #if LOG
-    const VACC lse = m + log(s);
-    for (int e = 0; e < L; e++) STOREC(yr, e, LOADC(xr, e) - lse);
+    const VACC logs = log(s);
+    for (int e = 0; e < L; e++) STOREC(yr, e, (LOADC(xr, e) - m) - logs);
 #else
     const VACC inv = (VACC)(1) / s;
     for (int e = 0; e < L; e++) STOREC(yr, e, exp(LOADC(xr, e) - m) * inv);

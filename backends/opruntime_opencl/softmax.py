@@ -25,16 +25,11 @@ from .memory import OpenCLDevice, element_offset, kernel_dtypes, provider
 
 #: The rows kernel's menu: work-items per row and the widest vector; ``config_for`` completes
 #: each into a concrete config (rows per work-group, vectors per work-item, reduction).
-ROW_CONFIGS: tuple[dict[str, int], ...] = (
-    *(dict(TPR=t, VW=4) for t in (256, 128, 512, 1024, 64, 32)),  # GPUs: many work-items per row
-    dict(TPR=1, VW=16), dict(TPR=1, VW=8), dict(TPR=4, VW=16),  # CPUs: a row per work-item, SIMD-wide vectors
-)
+GPU_ROWS = tuple(dict(TPR=t, VW=4) for t in (256, 128, 512, 1024, 64, 32))  # many work-items per row
+CPU_ROWS = (dict(TPR=1, VW=16), dict(TPR=1, VW=8), dict(TPR=4, VW=16))  # a row per work-item, SIMD vectors
+ROW_CONFIGS: tuple[dict[str, int], ...] = (*GPU_ROWS, *CPU_ROWS)
 COLUMN_CONFIGS: tuple[dict[str, int], ...] = (dict(WG=128, VW=4), dict(WG=64, VW=16), dict(WG=256, VW=1))
-
-
-def max_nv(dev: OpenCLDevice) -> int:
-    """Vectors per work-item held for a one-pass row (registers on a GPU, cache on a CPU)."""
-    return 16 if dev.is_gpu else 64
+MAX_NV = 16  # vectors per work-item held for a one-pass row; longer rows take the re-reading path
 
 
 def kernels() -> list[Kernel]:
@@ -119,7 +114,7 @@ def complete(problem: Problem, menu: Mapping[str, int]) -> dict[str, int] | None
         return None
     vw = menu["VW"] if inner == 1 and length % menu["VW"] == 0 else 1
     nv = _pow2(-(-length // (tpr * vw)))
-    onepass = nv <= max_nv(dev)
+    onepass = nv <= MAX_NV
     target = 256 if dev.is_gpu else 16
     rpw = max(1, min(target // tpr, _pow2(rows), limits[1], dev.max_wg // tpr))
     red = 0
@@ -134,7 +129,9 @@ def complete(problem: Problem, menu: Mapping[str, int]) -> dict[str, int] | None
 
 
 def row_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
-    out = [c for c in (complete(problem, m) for m in ROW_CONFIGS) if c is not None]
+    dev = provider(problem.device)
+    menu = CPU_ROWS if dev.type == "cpu" else GPU_ROWS
+    out = [c for c in (complete(problem, m) for m in menu) if c is not None]
     unique = list({tuple(sorted(c.items())): c for c in out}.values())
     return sorted(unique, key=lambda c: rows_cost(problem, c))
 
