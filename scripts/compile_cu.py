@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compile every CUDA source of the backends for sm_90 and sm_80, without a GPU and without CuPy.
+"""Compile every CUDA source of the backends for sm_90 and sm_80 (and sm_90a for the files that
+use Hopper-only instructions), without a GPU and without CuPy.
 
     python scripts/compile_cu.py            # every backends/**/*.cu
     python scripts/compile_cu.py -v         # also print each variant's registers / spills
@@ -60,9 +61,16 @@ def _flag(name: str, value: object) -> str:
     return f"-D{name}={int(value) if isinstance(value, bool) else value}"
 
 
+def archs_of(file: Path) -> tuple[str, ...]:
+    """sm_90 and sm_80 for every file; also sm_90a for a file marked ``opruntime-arch: sm_90a``
+    (its wgmma code compiles only there: elsewhere it builds to a stub)."""
+    return ARCHS + (("90a",) if "opruntime-arch: sm_90a" in file.read_text() else ())
+
+
 def nvcc(file: Path, arch: str, defines: dict) -> tuple[bool, str]:
+    target = f"-gencode=arch=compute_{arch},code=sm_{arch}" if arch.endswith("a") else f"-arch=sm_{arch}"
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = ["nvcc", f"-arch=sm_{arch}", "-cubin", "--std=c++17", "-Xptxas", "-v", "-I", str(file.parent),
+        cmd = ["nvcc", target, "-cubin", "--std=c++17", "-Xptxas", "-v", "-I", str(file.parent),
                *[_flag(k, v) for k, v in defines.items()], "-o", os.path.join(tmp, "out.cubin"), str(file)]
         res = subprocess.run(cmd, capture_output=True, text=True)
     return res.returncode == 0, res.stdout + res.stderr
@@ -130,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compile_cu: neither nvcc nor libnvrtc found; {len(files)} .cu file(s) not checked")
             return 0
     variants = variants_by_file(files)
-    jobs = [(f, arch, d) for f in files for d in variants[f] for arch in ARCHS if "__error__" not in d]
+    jobs = [(f, arch, d) for f in files for d in variants[f] for arch in archs_of(f) if "__error__" not in d]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         results = list(pool.map(lambda j: (j, compiler(*j)), jobs))
     failed = any("__error__" in d for v in variants.values() for d in v)
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         facts = f"max {max(regs)} registers, max {max(spills)} B spilled" if regs and spills else ""
         rel = f.relative_to(ROOT) if f.is_relative_to(ROOT) else f
         status = "FAIL" if bad else "ok  "
-        print(f"{status} {rel}: {len(variants[f])} variant(s) x sm_{'/sm_'.join(ARCHS)} with {tool}"
+        print(f"{status} {rel}: {len(variants[f])} variant(s) x sm_{'/sm_'.join(archs_of(f))} with {tool}"
               + (f"; {facts}" if facts else "") + (f"; {len(bad)} failed" if bad else ""))
         for (file, arch, d), (ok, log) in bad[:3]:
             print(f"  sm_{arch} {' '.join(_flag(k, v) for k, v in d.items())}\n" + "\n".join(

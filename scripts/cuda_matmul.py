@@ -54,9 +54,71 @@ def prebuild(mm, compile, arch: str) -> tuple[int, float, list[str]]:
         for ak, bn, va, vb, bf in itertools.product((0, 1), repeat=5):
             jobs.append(("matmul_hgemm.cu", {**base, "A_KCONTIG": bool(ak), "B_NCONTIG": bool(bn),
                                              "VEC_A": bool(va), "VEC_B": bool(vb), "BF16": bool(bf)}))
+    wg = []
+    for cfg in mm.WGMMA_CONFIGS:
+        base = {k: v for k, v in cfg.items() if k not in mm._NOT_DEFINES}
+        for bn, bf, (lbo, tb) in itertools.product((0, 1), (0, 1), DESCS):
+            wg.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": bool(bn), "BF16": bool(bf), "B_LBO_MN": lbo,
+                                           "TNSP_B": tb}))
     t0 = time.perf_counter()
     errors = compile.prebuild(jobs, arch)
-    return len(jobs) - len(errors), time.perf_counter() - t0, errors
+    if arch == "90":
+        errors += compile.prebuild(wg, "90a")
+    return len(jobs) + len(wg) - len(errors), time.perf_counter() - t0, errors
+
+
+DESCS = ((1, 1), (0, 1), (1, 0), (0, 0))  # (B_LBO_MN, TNSP_B) candidates for an n-contiguous B
+
+
+def probe_wgmma(cp, mm, problem_of, say) -> bool:
+    """Find which descriptor convention for an n-contiguous B gives right results; False: none."""
+    rng = np.random.default_rng(7)
+    k = next(x for x in mm.kernels() if x.name == "cupy.matmul.wgmma")
+    shapes = [(128, 64, 256), (200, 136, 264), (64, 512, 128)]
+    found = None
+    for lbo, tb in DESCS:
+        mm.WGMMA_B_DESC.update(B_LBO_MN=lbo, TNSP_B=tb)
+        mm._plans.clear()
+        errs = []
+        for m, kk, n in shapes:
+            for bt in (False, True):
+                a = rng.standard_normal((m, kk)).astype(np.float16)
+                b = rng.standard_normal((n, kk) if bt else (kk, n)).astype(np.float16)
+                b = b.T if bt else b
+                ref = a.astype(np.float64) @ b.astype(np.float64)
+                da, db = cp.asarray(a), (cp.asarray(np.ascontiguousarray(b.T)).T if bt else cp.asarray(b))
+                p = problem_of(da, db)
+                try:
+                    out = cp.asnumpy(k.run(p, mm.WGMMA_CONFIGS[0], da, db)).astype(np.float64)
+                    errs.append(float(np.linalg.norm(out - ref) / np.linalg.norm(ref)))
+                except Exception as exc:
+                    errs.append(float("inf"))
+                    say(f"# wgmma probe {lbo, tb} {m}x{kk}x{n} bT={bt}: {type(exc).__name__}: {str(exc)[:300]}")
+        say(f"# wgmma probe B_LBO_MN={lbo} TNSP_B={tb}: rel errs " + " ".join(f"{e:.1e}" for e in errs))
+        if found is None and all(e < 2e-3 for e in errs):
+            found = (lbo, tb)
+    if found is None:
+        return False
+    mm.WGMMA_B_DESC.update(B_LBO_MN=found[0], TNSP_B=found[1])
+    mm._plans.clear()
+    say(f"# wgmma: B descriptor convention B_LBO_MN={found[0]} TNSP_B={found[1]}")
+    return True
+
+
+def sustained(cp, fn, n=10, repeats=7) -> float:
+    """Back-to-back launches (as the benchmark times them): median of event pairs around n calls."""
+    fn()
+    cp.cuda.Device().synchronize()
+    ts = []
+    for _ in range(repeats):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        for _ in range(n):
+            fn()
+        e.record()
+        e.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e-3 / n)
+    return float(np.median(ts))
 
 
 def main() -> int:
@@ -64,6 +126,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1024,2048,4096")
     ap.add_argument("--half-sizes", default="2048,4096")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sustained", action="store_true", help="also time back-to-back launches (as bench does)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -84,19 +147,20 @@ def main() -> int:
         f"driver {cp.cuda.runtime.driverGetVersion()}, runtime {cp.cuda.runtime.runtimeGetVersion()}")
     bf16 = memory.bfloat16()
     say(f"# cupy bfloat16 arrays: {bf16 is not None}; cuBLAS bfloat16 via cupy.matmul: {mm._cublas_bf16()}")
-    n, secs, errors = prebuild(mm, compile, compile.arch_of(0))
-    say(f"# built {n} variants in {secs:.1f} s")
-    for e in errors[:5]:
-        say(f"# BUILD FAILED {e[:2000]}")
-
-    kernels = {k.name: k for k in mm.kernels()}
-    rng = np.random.default_rng(1)
-
     def problem_of(a, b):
         norm = MATMUL.normalize([a.shape, b.shape], {})
         dt = a.dtype.name if a.dtype != np.uint16 else "bfloat16"
         st = tuple(tuple(s // x.dtype.itemsize for s in x.strides) for x in (a, b))
         return opr.Problem("matmul", "cuda:0", norm.shapes, (dt, dt), st, norm.attrs, norm.out_shape, dt)
+
+    n, secs, errors = prebuild(mm, compile, compile.arch_of(0))
+    say(f"# built {n} variants in {secs:.1f} s")
+    for e in errors[:5]:
+        say(f"# BUILD FAILED {e[:2000]}")
+
+    has_wgmma = compile.arch_of(0) == "90" and probe_wgmma(cp, mm, problem_of, say)
+    kernels = {k.name: k for k in mm.kernels()}
+    rng = np.random.default_rng(1)
 
     def operands(nn, dtype):
         a = rng.standard_normal((nn, nn)).astype(np.float32)
@@ -124,8 +188,8 @@ def main() -> int:
     say(f"{'dtype':8} {'n':>5} {'kernel[config]':40} {'ms':>8} {'TFLOP/s':>8} {'x cuBLAS':>8} {'est ms':>8} "
         f"{'relerr':>8}")
     summary = []
-    cases = [("float32", int(x)) for x in args.sizes.split(",")]
-    cases += [(dt, int(x)) for dt in ("float16", "bfloat16") for x in args.half_sizes.split(",")]
+    cases = [("float32", int(x)) for x in args.sizes.split(",") if x]
+    cases += [(dt, int(x)) for dt in ("float16", "bfloat16") for x in args.half_sizes.split(",") if x]
     for dtype, nn in cases:
         a, b, ref = operands(nn, dtype)
         p = problem_of(a, b)
@@ -148,7 +212,7 @@ def main() -> int:
             except Exception as exc:
                 say(f"# torch bf16 peer failed: {exc}")
         fams = ["cupy.matmul.simt", "cupy.matmul.simt_generic"] if dtype == "float32" else \
-            ["cupy.matmul.mma", "cupy.matmul.mma_generic"]
+            ["cupy.matmul.mma", "cupy.matmul.mma_generic"] + (["cupy.matmul.wgmma"] if has_wgmma else [])
         for name in fams:
             k = kernels[name]
             if not k.supports(p):
@@ -176,6 +240,21 @@ def main() -> int:
             mark = "*" if label == pick or (label == "cupy.matmul.cublas" and pick == label) else " "
             say(f"{dtype:8} {nn:5d} {mark}{label:39} {t * 1e3:8.3f} {flops / t / 1e12:8.1f} {ratio:8.2f} "
                 f"{est * 1e3:8.3f} {e:8.1e}")
+        if args.sustained and nn >= 4096:
+            fastest = {}
+            for label, t, est, e in rows:
+                fam = label.split("[")[0]
+                if fam not in fastest or t < fastest[fam][1]:
+                    fastest[fam] = (label, t)
+            base_s = sustained(cp, lambda: cp.matmul(a, b)) if dtype != "bfloat16" or mm._cublas_bf16() else None
+            for fam, (label, _) in fastest.items():
+                if fam.startswith("cupy.matmul.") and "cublas" not in fam and "generic" not in fam:
+                    tile = label.split("[")[1].rstrip("]")
+                    k = kernels[fam]
+                    cfg = next(c for c in k.configs if c["tile"] == tile)
+                    ts = sustained(cp, lambda: k.run(p, cfg, a, b))
+                    say(f"# sustained {dtype} {nn}: {label} {ts * 1e3:.3f} ms = {flops / ts / 1e12:.0f} TFLOP/s, "
+                        f"cuBLAS {base_s * 1e3:.3f} ms -> {base_s / ts:.2f}x cuBLAS")
         picked = next((r for r in rows if r[0] == pick), None)
         own = [r for r in rows if r[0].startswith("cupy.matmul.") and "cublas" not in r[0]]
         best_own = min(own, key=lambda r: r[1]) if own else None

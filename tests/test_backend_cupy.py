@@ -131,6 +131,8 @@ def kernel(name: str) -> Kernel:
 def configs(name: str) -> list:
     from opruntime_cupy import matmul
 
+    if "wgmma" in name:
+        return list(matmul.WGMMA_CONFIGS)
     return list(matmul.SIMT_CONFIGS if "simt" in name else matmul.MMA_CONFIGS)
 
 
@@ -140,7 +142,16 @@ def _ids(cfgs):
 
 FAMILIES = [("cupy.matmul.simt", "float32"), ("cupy.matmul.simt_generic", "float32"),
             ("cupy.matmul.mma", "float16"), ("cupy.matmul.mma", "bfloat16"),
-            ("cupy.matmul.mma_generic", "float16"), ("cupy.matmul.mma_generic", "bfloat16")]
+            ("cupy.matmul.mma_generic", "float16"), ("cupy.matmul.mma_generic", "bfloat16"),
+            ("cupy.matmul.wgmma", "float16"), ("cupy.matmul.wgmma", "bfloat16")]
+
+
+def skip_unless_hopper(cp, name: str) -> None:
+    if "wgmma" in name:
+        from opruntime_cupy import compile
+
+        if compile.arch_of(0) != "90":
+            pytest.skip(f"wgmma needs an sm_90 device (this one: sm_{compile.arch_of(0)})")
 CASES = [  # (batch shape of a, batch of b, M, K, N): odd sizes, size 1, batches and broadcasts
     ((), (), 1, 8, 8), ((), (), 8, 8, 1), ((), (), 136, 72, 200), ((), (), 257, 264, 136),
     ((3,), (3,), 64, 40, 72), ((2, 1), (1, 3), 40, 24, 48), ((5,), (), 16, 32, 8),
@@ -151,6 +162,7 @@ ODD_CASES = [((), (), 1, 1, 1), ((), (), 7, 13, 5), ((), (), 129, 67, 131), ((2,
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,dtype", FAMILIES, ids=[f"{n.split('.')[-1]}-{d}" for n, d in FAMILIES])
 def test_every_config_aligned_shapes(cp, name, dtype):
+    skip_unless_hopper(cp, name)
     rng = np.random.default_rng()
     k = kernel(name)
     for cfg in configs(name):
@@ -207,6 +219,21 @@ def test_views_without_copies(cp, dtype):
             check_kernel(cp, kg, configs(generic)[0], a, b, dtype)
             if kf.supports(p):  # the vectorized path takes what it can, the rest falls to generic
                 check_kernel(cp, kf, configs(fast)[0], a, b, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_layouts_and_misaligned_bases(cp, dtype):
+    skip_unless_hopper(cp, "wgmma")
+    rng = np.random.default_rng()
+    k = kernel("cupy.matmul.wgmma")
+    for m, kk, n in ((64, 64, 128), (200, 136, 264)):
+        for label, a, b in _views(cp, dtype, rng, m, kk, n):
+            if k.supports(problem_of(a, b)):  # row-major A; B either way; offset bases run the mma path
+                check_kernel(cp, k, configs("cupy.matmul.wgmma")[0], a, b, dtype)
+    a, b = randn(cp, (64, 64), dtype, rng), randn(cp, (64, 64), dtype, rng)
+    assert k.supports(problem_of(a, b)) and k.supports(problem_of(a, b.T))
+    assert not k.supports(problem_of(a.T, b))  # an m-contiguous A is the mma kernel's
 
 
 @pytest.mark.gpu

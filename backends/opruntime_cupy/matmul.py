@@ -44,6 +44,14 @@ MMA_CONFIGS: tuple[dict, ...] = (
     dict(tile="128x256x32s4", BM=128, BN=256, BK=32, WM=64, WN=64, STAGES=4, occ=1, eff=0.352),
     dict(tile="64x64x32s3", BM=64, BN=64, BK=32, WM=32, WN=32, STAGES=3, occ=3, eff=0.237),
 )
+#: Hopper only (sm_90a): warpgroup MMA; BM/64 warpgroups of 128 threads, B as n- or k-contiguous.
+WGMMA_CONFIGS: tuple[dict, ...] = (
+    dict(tile="128x256x64s4", BM=128, BN=256, BK=64, STAGES=4, occ=1, eff=0.60),
+    dict(tile="128x128x64s4", BM=128, BN=128, BK=64, STAGES=4, occ=1, eff=0.50),
+    dict(tile="128x128x64s3", BM=128, BN=128, BK=64, STAGES=3, occ=2, eff=0.55),
+)
+#: How the wgmma kernel describes an n-contiguous B (see matmul_wgmma.cu).
+WGMMA_B_DESC = {"B_LBO_MN": 1, "TNSP_B": 1}
 _NOT_DEFINES = ("tile", "occ", "eff")
 
 # cuBLAS, modelled the same way: the best of the tiles it chooses from (calibrated like the rest).
@@ -169,6 +177,9 @@ def _make_plan(family: str, problem: Problem, cfg: Mapping[str, Any], generic: b
     dev = int(problem.device.split(":")[1])
     vec_a, vec_b = (g.vec_a, g.vec_b) if not generic else (False, False)
     fast = _launches(family, problem, cfg, g, dev, vec_a, vec_b)
+    if family == "wgmma":  # misaligned bases: the mma kernel's any-stride variant
+        mma_cfg = next(c for c in MMA_CONFIGS if c["tile"] == "128x128x64s3")
+        return fast, _launches("mma", problem, mma_cfg, g, dev, False, False)
     slow = _launches(family, problem, cfg, g, dev, False, False) if (vec_a or vec_b) else None
     return fast, slow
 
@@ -181,6 +192,9 @@ def variant(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, 
     if family == "simt":
         return "matmul_sgemm.cu", "sgemm", defines
     defines["BF16"] = problem.dtype == "bfloat16"
+    if family == "wgmma":
+        defines = {k: v for k, v in defines.items() if k not in ("A_KCONTIG", "VEC_A", "VEC_B")}
+        return "matmul_wgmma.cu", "hgemm_wgmma", {**defines, **WGMMA_B_DESC}
     return "matmul_hgemm.cu", "hgemm", defines
 
 
@@ -197,10 +211,14 @@ def variants_for(family: str, problem: Problem, cfg: Mapping[str, Any], generic:
 def _launches(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, dev: int,
               vec_a: bool, vec_b: bool) -> list[Launch]:
     file, name, defines = variant(family, problem, cfg, g, vec_a, vec_b)
-    fn = compile.get_function(file, name, defines, dev, kernel=f"cupy.matmul.{family}")
+    arch = "90a" if family == "wgmma" else None
+    fn = compile.get_function(file, name, defines, dev, kernel=f"cupy.matmul.{family}", arch=arch)
     bm, bn = cfg["BM"], cfg["BN"]
-    threads = (bm // cfg["WM"]) * (bn // cfg["WN"]) * 32
-    smem = 0 if family == "simt" else cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2
+    if family == "wgmma":  # warpgroups of 128 threads, 64 rows each; 1 KiB to align the stages
+        threads, smem = bm // 64 * 128, cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2 + 1024
+    else:
+        threads = (bm // cfg["WM"]) * (bn // cfg["WN"]) * 32
+        smem = 0 if family == "simt" else cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2
     if smem > 48 * 1024:  # opt in to more than the default 48 KiB of dynamic shared memory
         import cupy
 
@@ -258,6 +276,10 @@ def run_mma_generic(problem: Problem, config: Mapping[str, Any], a: Any, b: Any)
     return _launch("mma", problem, config, a, b, True)
 
 
+def run_wgmma(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
+    return _launch("wgmma", problem, config, a, b, False)
+
+
 def run_cublas(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
     import cupy
 
@@ -298,6 +320,13 @@ def supports_mma(problem: Problem) -> bool:
 
 def supports_generic_mma(problem: Problem) -> bool:
     return _fits(problem, 8) is not None
+
+
+def supports_wgmma(problem: Problem) -> bool:
+    g = _fits(problem, 8)
+    if g is None or not (g.vec_a and g.a_kcontig and g.vec_b):
+        return False
+    return compile.arch_of(int(problem.device.split(":")[1])) == "90"
 
 
 def supports_cublas(problem: Problem) -> bool:
@@ -360,6 +389,11 @@ def cost_mma(problem: Problem, cfg: Mapping[str, Any], generic: bool = False) ->
     return max(t * (3.0 if generic else 1.0), HOST_OWN)
 
 
+def cost_wgmma(problem: Problem, cfg: Mapping[str, Any]) -> float:
+    g = geometry(problem, 8)
+    return max(_tiled_time(problem, g, cfg["BM"], cfg["BN"], cfg["BK"], cfg["occ"], cfg["eff"]), HOST_OWN)
+
+
 def cost_cublas(problem: Problem, cfg: Mapping[str, Any]) -> float:
     g = geometry(problem, 1)
     if g is None:  # batch dims cuBLAS folds itself: count the work only
@@ -385,6 +419,7 @@ def kernels() -> list[Kernel]:
     f32, f16 = frozenset({"float32"}), frozenset({"float16", "bfloat16"})
     vendor = frozenset({"float16", "bfloat16", "float32", "float64"})
     sgemm, hgemm = compile.source("matmul_sgemm.cu"), compile.source("matmul_hgemm.cu")
+    wgmma = compile.source("matmul_wgmma.cu") + repr(WGMMA_B_DESC)
     simt_generic = lambda p, c: cost_simt(p, c, True)  # noqa: E731
     mma_generic = lambda p, c: cost_mma(p, c, True)  # noqa: E731
     return [
@@ -401,6 +436,8 @@ def kernels() -> list[Kernel]:
         Kernel("matmul", "cupy.matmul.mma_generic", "cuda", f16, run_mma_generic,
                supports=supports_generic_mma, cost=mma_generic, configs=MMA_CONFIGS,
                config_for=_ranked(MMA_CONFIGS, mma_generic), source=hgemm),
+        Kernel("matmul", "cupy.matmul.wgmma", "cuda", f16, run_wgmma, supports=supports_wgmma, cost=cost_wgmma,
+               configs=WGMMA_CONFIGS, config_for=_ranked(WGMMA_CONFIGS, cost_wgmma), source=wgmma),
     ]
 
 
@@ -419,4 +456,8 @@ def build_variants() -> list[tuple[str, dict]]:
                     out.append((file, {**base, "A_KCONTIG": ak, "B_NCONTIG": bn, "VEC_A": vec, "VEC_B": vec}))
         if file == "matmul_hgemm.cu":
             out.append((file, {**base, "BF16": 1}))
+    for cfg in WGMMA_CONFIGS:
+        base = {k: v for k, v in cfg.items() if k not in _NOT_DEFINES}
+        for bn, bf in ((1, 0), (0, 0), (1, 1)):
+            out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": bn, "BF16": bf, **WGMMA_B_DESC}))
     return out
