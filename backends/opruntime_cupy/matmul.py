@@ -50,7 +50,8 @@ WGMMA_CONFIGS: tuple[dict, ...] = (
     dict(tile="128x128x64s4", BM=128, BN=128, BK=64, STAGES=4, occ=1, eff=0.50),
     dict(tile="128x128x64s3", BM=128, BN=128, BK=64, STAGES=3, occ=2, eff=0.55),
 )
-#: How the wgmma kernel describes an n-contiguous B (see matmul_wgmma.cu).
+#: How the wgmma kernel describes an n-contiguous B (see matmul_wgmma.cu): checked on an H200,
+#: the other conventions give wrong results or an illegal address.
 WGMMA_B_DESC = {"B_LBO_MN": 1, "TNSP_B": 1}
 _NOT_DEFINES = ("tile", "occ", "eff")
 

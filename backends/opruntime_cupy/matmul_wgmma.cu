@@ -32,6 +32,7 @@
 #endif
 // Descriptor of an n-contiguous B: B_LBO_MN 1 puts the stride between 64-wide atoms along n in
 // the leading-byte-offset field and the 8-row stride along k in the stride field; 0 swaps them.
+// B_LBO_MN 1 with TNSP_B 1 is the convention checked right on an H200 (the others are wrong).
 #ifndef B_LBO_MN
 #define B_LBO_MN 1
 #endif
