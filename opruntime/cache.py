@@ -142,7 +142,14 @@ class TuningCache:
             self.close()
             self._move_aside(exc)
             return None
-        return _entry(row) if row else None
+        if not row:
+            return None
+        try:
+            return _entry(row)
+        except (ValueError, TypeError) as exc:  # a damaged or hand-edited row: drop it, select without it
+            log.warning("opruntime: dropping a malformed tuning-cache row for %s in %s: %s", problem, self.path, exc)
+            self.delete(device, problem)
+            return None
 
     def put(self, entry: Entry) -> None:
         entry.created = entry.created or time.time()
@@ -184,9 +191,16 @@ class TuningCache:
 
 
 def _entry(row: tuple) -> Entry:
+    """An Entry from a row; ValueError when a field is not what :meth:`TuningCache.put` writes."""
     device, problem, kernel, config, source_hash, time_s, candidates, device_name, created = row
-    return Entry(device, problem, kernel, json.loads(config), source_hash, time_s, json.loads(candidates),
-                 device_name, created)
+    config, candidates = json.loads(config), json.loads(candidates)
+    ok = (isinstance(kernel, str) and isinstance(config, dict) and isinstance(source_hash, str)
+          and isinstance(time_s, (int, float)) and isinstance(created, (int, float)) and isinstance(candidates, list)
+          and all(isinstance(c, dict) and isinstance(c.get("kernel"), str) and isinstance(c.get("config"), dict)
+                  for c in candidates))
+    if not ok:
+        raise ValueError(f"malformed entry {row!r}")
+    return Entry(device, problem, kernel, config, source_hash, time_s, candidates, device_name, created)
 
 
 _caches: dict[Path, TuningCache] = {}

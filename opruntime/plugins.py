@@ -89,13 +89,17 @@ class Registry:
         impl = getattr(plugin, "opruntime_devices", None)
         if impl is not None:
             try:
-                providers = impl() or ()
+                providers = list(impl() or ())
             except BackendUnavailable as exc:
                 rec.status, rec.reason, rec.device_kinds = "unavailable", exc.reason, exc.kinds
                 for kind in exc.kinds:
                     self.unavailable.setdefault(kind, f"{exc.reason} (plugin {rec.name!r})")
             except Exception as exc:
                 self._fail(rec, f"opruntime_devices raised {type(exc).__name__}: {exc}")
+                return
+            wrong = [p for p in providers if not isinstance(p, DeviceProvider)]
+            if wrong:  # checked here, or one bad record would break the registry for every plugin
+                self._fail(rec, f"opruntime_devices returned {wrong[0]!r}, not a DeviceProvider")
                 return
         known = {d.name for d in self.devices}
         for p in providers:
@@ -114,6 +118,10 @@ class Registry:
         except Exception as exc:
             self._fail(rec, f"opruntime_kernels raised {type(exc).__name__}: {exc}")
             return
+        wrong = [k for k in kernels if not isinstance(k, Kernel)]
+        if wrong:
+            self._fail(rec, f"opruntime_kernels returned {wrong[0]!r}, not an opruntime.Kernel")
+            return
         for k in kernels:
             if k.name in self.kernels:
                 warnings.warn(f"plugin {rec.name!r}: kernel {k.name!r} already registered; ignored",
@@ -125,6 +133,9 @@ class Registry:
 
     def _fail(self, rec: PluginRecord, reason: str) -> None:
         rec.status, rec.reason = "failed", reason
+        if rec.devices:  # a disabled plugin offers no devices (they would have no kernels)
+            self.devices = [d for d in self.devices if d.name not in rec.devices]
+            rec.devices = []
         msg = f"opruntime plugin {rec.name!r} {reason}; it is disabled, other plugins keep working"
         log.warning(msg)
         warnings.warn(msg, FallbackWarning, stacklevel=4)

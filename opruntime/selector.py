@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ConfigError, DtypeError, FallbackWarning, KernelError, NoKernelError, OutOfMemoryError
+from .errors import (ConfigError, DeviceUnavailableError, DtypeError, FallbackWarning, KernelError, NoKernelError,
+                     OutOfMemoryError)
 from .kernels import Kernel, Problem
 from .tensor import Tensor
 from .trace import active as _tracing
@@ -83,6 +84,9 @@ def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate]
     from .plugins import registry
 
     reg = registry()
+    if all(d.name != device.name for d in reg.devices):  # e.g. a Tensor made before its plugin went away
+        raise DeviceUnavailableError(f"{problem.op}: device {device.name!r} is no longer available (its plugin was "
+                                     f"unregistered or failed); devices here: {', '.join(d.name for d in reg.devices)}")
     kernels = reg.kernels_for(problem.op, device.kind)
     if not kernels:
         kinds = sorted({k.device_kind for k in reg.kernels.values() if k.op == problem.op})
@@ -269,8 +273,8 @@ class Plan:
             run, problem, config, dev = fast
             try:
                 out = run(problem, config, *datas)
-            except OutOfMemoryError:
-                raise
+            except (MemoryError, DeviceUnavailableError) as exc:
+                raise _fatal(self, exc)
             except Exception as exc:
                 out = self._fallback(datas, exc)
             t = _new_tensor(Tensor)
@@ -306,11 +310,14 @@ class Plan:
         if self.trivial:
             return Tensor._wrap(self._trivial(datas), dev)
         datas = [d if d.shape == s else d.reshape(s) for d, s in zip(datas, self.views)]
+        if not self.order:  # every kernel failed on an earlier call
+            raise KernelError(f"{self.problem.op}: every kernel failed earlier on {self.problem} ({self.device.name}): "
+                              + "; ".join(f"{c.kernel.name}: {c.status}" for c in self.rows if c.status != "ok"))
         c = self.order[0]
         try:
             out = c.kernel.run(self.problem, c.config, *datas)
-        except OutOfMemoryError:
-            raise
+        except (MemoryError, DeviceUnavailableError) as exc:
+            raise _fatal(self, exc)
         except Exception as exc:
             out = self._fallback(datas, exc)
         if self.result_shape != self.problem.out_shape:
@@ -332,8 +339,8 @@ class Plan:
                      f"({self.device.name}): {type(exc).__name__}: {exc}; using {nxt.kernel.name!r}", exc)
             try:
                 return nxt.kernel.run(self.problem, nxt.config, *datas)
-            except OutOfMemoryError:
-                raise
+            except (MemoryError, DeviceUnavailableError) as fatal:
+                raise _fatal(self, fatal)
             except Exception as again:
                 exc = again
 
@@ -345,6 +352,16 @@ class Plan:
         bias = prov.to_host(datas[2]).reshape(1, -1, 1, 1)  # conv2d over zero input channels: the bias
         out = np.broadcast_to(bias, self.problem.out_shape).reshape(self.result_shape)
         return prov.from_host(np.ascontiguousarray(out))
+
+
+def _fatal(plan: Plan, exc: BaseException) -> BaseException:
+    """Failures no other kernel on the device can mend, raised as they are (no fallback): a device
+    that is gone, and out of memory (a plain ``MemoryError`` becomes :class:`OutOfMemoryError`)."""
+    if not isinstance(exc, MemoryError) or isinstance(exc, OutOfMemoryError):
+        return exc
+    err = OutOfMemoryError(f"{plan.problem.op}: out of memory on {plan.device.name} for {plan.problem}: {exc}")
+    err.__cause__ = exc
+    return err
 
 
 class _Placing:
@@ -412,10 +429,12 @@ def explain(op: str, *args: Any, device: Any = None, **attrs: Any) -> Explanatio
     s = settings()
     datas, dev = place(op, operator.operands, args, device, s)
     try:
-        cached = operator.key(s, dev, datas, attrs) in plans
+        key = operator.key(s, dev, datas, attrs)
+        cached = key in plans
     except TypeError:
         cached = False
-    plan = operator.plan(datas, dev, attrs, s)
+    # a cached plan shows what calls really run (kernels that failed since are marked so)
+    plan = getattr(plans[key], "plan", plans[key]) if cached else operator.plan(datas, dev, attrs, s)
     rows = plan.rows if plan.rows else plan.order
     chosen = plan.order[0].label if plan.order else None
     return Explanation(plan.problem, dev.name, rows, chosen, plan.why, cached)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from opruntime import DeviceProvider
+from opruntime.errors import OutOfMemoryError
 
 
 class CpuDevice(DeviceProvider):
@@ -28,10 +29,18 @@ class CpuDevice(DeviceProvider):
         return data
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.empty(shape, dtype)
+        try:
+            return np.empty(shape, dtype)
+        except MemoryError as exc:
+            raise OutOfMemoryError(f"cpu: cannot allocate a {np.dtype(dtype).name} array of shape {tuple(shape)}: "
+                                   f"{exc}") from exc
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.zeros(shape, dtype)
+        try:
+            return np.zeros(shape, dtype)
+        except MemoryError as exc:
+            raise OutOfMemoryError(f"cpu: cannot allocate a {np.dtype(dtype).name} array of shape {tuple(shape)}: "
+                                   f"{exc}") from exc
 
     def from_dlpack(self, obj: Any) -> np.ndarray:
         return np.from_dlpack(obj)

@@ -199,12 +199,20 @@ def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: 
         if x.__class__ is Tensor:
             out.append(x.data)
         elif isinstance(x, np.ndarray):
-            out.append(dev.provider.from_host(x))
+            out.append(dev.provider.from_host(_checked(op, x)))
         elif dev.provider.owns(x):
             out.append(x)
         else:
-            out.append(dev.provider.from_host(_host(x)))
+            out.append(dev.provider.from_host(_checked(op, _host(x))))
     return out, dev
+
+
+def _checked(op: str, arr: np.ndarray) -> np.ndarray:
+    """Reject non-float host data before it is placed: a device may convert what it cannot hold
+    (JAX turns int64 into int32), and the error must name the dtype the caller passed."""
+    if arr.dtype.kind != "f":
+        result_dtype(op, [arr.dtype])
+    return arr
 
 
 def _host(x: Any) -> np.ndarray:
