@@ -254,7 +254,8 @@ def test_softmax_poisoned_output_is_fully_written(cp):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel_name", ["igemm_simt", "igemm_mma", "winograd_f2x3", "depthwise", "im2col_cublas"])
+@pytest.mark.parametrize("kernel_name", ["igemm_simt", "igemm_mma", "winograd_f2x3", "winograd_f4x3", "depthwise",
+                                         "im2col_cublas"])
 def test_conv2d_every_config(cp, kernel_name):
     rng = np.random.default_rng()
     kernel = next(k for k in conv.kernels() if k.name == f"cupy.conv2d.{kernel_name}")
@@ -322,42 +323,56 @@ def test_selector_uses_these_kernels_through_the_frontend(cp):
                    OPS["conv2d"].reference(xc, w, padding=1)) < 1e-5
 
 
-# -- CPU: the Winograd F(2x2, 3x3) transforms as conv_winograd.cu writes them --------------------------
+# -- CPU: the Winograd transforms with conv_winograd.cu's matrices ----------------------------------
+
+WINO = {  # (B^T, G, A^T) as conv_winograd.cu writes them
+    2: (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]),
+        np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]]),
+        np.array([[1, 1, 1, 0], [0, 1, -1, -1]])),
+    4: (np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+                  [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]),
+        np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                  [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
+        np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]])),
+}
 
 
-def winograd_emulated(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pad_t: int, pad_l: int, p: int, q: int):
-    """conv_winograd.cu's three transforms and the grouped GEMM, line for line, in NumPy."""
-    n, c = x.shape[:2]
-    k = w.shape[0]
-    g = w.reshape(k, c, 3, 3)
-    t = np.stack([g[..., 0, :], 0.5 * (g[..., 0, :] + g[..., 1, :] + g[..., 2, :]),
-                  0.5 * (g[..., 0, :] - g[..., 1, :] + g[..., 2, :]), g[..., 2, :]], axis=-2)  # (k, c, 4, 3)
-    u = np.stack([t[..., 0], 0.5 * (t[..., 0] + t[..., 1] + t[..., 2]), 0.5 * (t[..., 0] - t[..., 1] + t[..., 2]),
-                  t[..., 2]], axis=-1)  # (k, c, 4, 4): u[..., r, j] is xi = 4r + j
-    th, tw = -(-p // 2), -(-q // 2)
-    xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
-    src = np.pad(x, ((0, 0), (0, 0), (pad_t, 2 * th + 2), (pad_l, 2 * tw + 2)))
-    xp[:] = src[:, :, : 2 * th + 2, : 2 * tw + 2]
-    d = np.stack([np.stack([xp[:, :, a: a + 2 * th: 2, bb: bb + 2 * tw: 2] for bb in range(4)], -1)
-                  for a in range(4)], -2)  # (n, c, th, tw, 4, 4)
-    e = np.stack([d[..., 0, :] - d[..., 2, :], d[..., 1, :] + d[..., 2, :], d[..., 2, :] - d[..., 1, :],
-                  d[..., 1, :] - d[..., 3, :]], -2)
-    v = np.stack([e[..., 0] - e[..., 2], e[..., 1] + e[..., 2], e[..., 2] - e[..., 1], e[..., 1] - e[..., 3]], -1)
-    m = np.einsum("kcij,nctsij->nktsij", u, v)  # the 16 products (the grouped GEMM)
-    s = np.stack([m[..., 0, :] + m[..., 1, :] + m[..., 2, :], m[..., 1, :] - m[..., 2, :] - m[..., 3, :]], -2)
-    r = np.stack([s[..., 0] + s[..., 1] + s[..., 2], s[..., 1] - s[..., 2] - s[..., 3]], -1)  # (n,k,th,tw,2,2)
-    y = r.transpose(0, 1, 2, 4, 3, 5).reshape(n, k, 2 * th, 2 * tw)[:, :, :p, :q]
+def winograd_emulated(x, w, b, pad_t: int, pad_l: int, p: int, q: int, m: int, dtype=np.float64):
+    """The three transforms and the grouped GEMM of conv_winograd.cu, in NumPy (in ``dtype``)."""
+    bt, at = WINO[m][0].astype(dtype), WINO[m][2].astype(dtype)
+    alpha = m + 2
+    n = x.shape[0]
+    u = np.einsum("ai,kcij,bj->kcab", WINO[m][1], w.astype(np.float64), WINO[m][1]).astype(dtype)  # in double
+    th, tw = -(-p // m), -(-q // m)
+    src = np.pad(x, ((0, 0), (0, 0), (pad_t, m * th + alpha), (pad_l, m * tw + alpha))).astype(dtype)
+    d = np.stack([np.stack([src[:, :, i: i + m * th: m, j: j + m * tw: m] for j in range(alpha)], -1)
+                  for i in range(alpha)], -2)  # (n, c, th, tw, alpha, alpha)
+    v = np.einsum("ai,nctsij,bj->nctsab", bt, d, bt)
+    mm = np.einsum("kcab,nctsab->nktsab", u, v)  # the alpha^2 products (the grouped GEMM)
+    r = np.einsum("ia,nktsab,jb->nktsij", at, mm, at)  # (n, k, th, tw, m, m)
+    y = r.transpose(0, 1, 2, 4, 3, 5).reshape(n, w.shape[0], m * th, m * tw)[:, :, :p, :q]
     return y + (0 if b is None else b.reshape(1, -1, 1, 1))
 
 
+@pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("xs,ws,attrs", [((2, 3, 9, 11), (4, 3, 3, 3), {"padding": 1}),
                                          ((1, 5, 8, 7), (2, 5, 3, 3), {}),
                                          ((2, 2, 6, 6), (3, 2, 3, 3), {"padding": (0, 2)})])
-def test_winograd_transforms_emulated(xs, ws, attrs):
+def test_winograd_transforms_emulated(m, xs, ws, attrs):
     rng = np.random.default_rng()
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
     p = make_problem("conv2d", [x, w, b], "float32", **attrs)
     assert conv._winograd_ok(p)
     pt, _, pl, _ = p.attrs["padding"]
-    got = winograd_emulated(x, w, b, pt, pl, p.out_shape[2], p.out_shape[3])
+    got = winograd_emulated(x, w, b, pt, pl, p.out_shape[2], p.out_shape[3], m)
     assert rel_err(got, OPS["conv2d"].reference(x, w, b, **attrs)) < 1e-12
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_float32_error_is_within_tolerance(m):
+    """Transforms and products in float32, as on the GPU: the error stays under float32's 1e-5."""
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((2, 128, 14, 14)), rng.standard_normal((16, 128, 3, 3))
+    got = winograd_emulated(x.astype(np.float32), w.astype(np.float32), None, 1, 1, 14, 14, m, np.float32)
+    ref = OPS["conv2d"].reference(x.astype(np.float32), w.astype(np.float32), padding=1)
+    assert rel_err(got, ref) < 1e-5 / 2

@@ -7,9 +7,10 @@ baseline im2col + cuBLAS.
   table, so stride, 4-sided padding, dilation, groups and strided inputs cost nothing extra.
 * ``igemm_mma`` (``conv_mma.cu``): the same on the tensor cores for float16 / bfloat16
   (mma.sync m16n8k16, ldmatrix, float32 accumulation).
-* ``winograd_f2x3`` (``conv_winograd.cu`` + ``conv_simt.cu``): 3x3 stride-1 float32 convolutions
-  by Winograd F(2x2, 3x3): filter and input transforms, the 16 products as one grouped GEMM on
-  the SIMT kernel above (2.25x fewer multiplies than the direct GEMM), an output transform.
+* ``winograd_f2x3`` / ``winograd_f4x3`` (``conv_winograd.cu`` + ``conv_simt.cu``): 3x3 stride-1
+  float32 convolutions by Winograd F(2x2, 3x3) / F(4x4, 3x3): filter and input transforms, the
+  16 / 36 products as one grouped GEMM on the SIMT kernel above (2.25x / 4x fewer multiplies
+  than the direct GEMM), an output transform.
 * ``depthwise`` (``conv_depthwise.cu``): groups == C (one input channel per group, any channel
   multiplier): a direct kernel, one thread per output element.
 * ``im2col_cublas`` (vendor): a column buffer from ``conv_im2col.cu``, then ``cupy.matmul``
@@ -52,8 +53,11 @@ def kernels() -> list[Kernel]:
                cost=_cost("simt"), config_for=_configs("simt"), configs=SIMT_CONFIGS, source=_src("conv_simt.cu")),
         Kernel("conv2d", "cupy.conv2d.igemm_mma", "cuda", HALVES, _run("mma"), supports=_igemm_ok,
                cost=_cost("mma"), config_for=_configs("mma"), configs=MMA_CONFIGS, source=_src("conv_mma.cu")),
-        Kernel("conv2d", "cupy.conv2d.winograd_f2x3", "cuda", WINO_DTYPES, _run("winograd"), supports=_winograd_ok,
-               cost=_cost("winograd"), config_for=_configs("winograd"), configs=SIMT_CONFIGS,
+        Kernel("conv2d", "cupy.conv2d.winograd_f2x3", "cuda", WINO_DTYPES, _run("winograd2"), supports=_winograd_ok,
+               cost=_cost("winograd2"), config_for=_configs("winograd2"), configs=SIMT_CONFIGS,
+               source=_src("conv_winograd.cu") + _src("conv_simt.cu")),
+        Kernel("conv2d", "cupy.conv2d.winograd_f4x3", "cuda", WINO_DTYPES, _run("winograd4"), supports=_winograd_ok,
+               cost=_cost("winograd4"), config_for=_configs("winograd4"), configs=SIMT_CONFIGS,
                source=_src("conv_winograd.cu") + _src("conv_simt.cu")),
         Kernel("conv2d", "cupy.conv2d.depthwise", "cuda", DTYPES, _run("depthwise"), supports=_depthwise_ok,
                cost=_cost("depthwise"), configs=({"threads": 256},), source=_src("conv_depthwise.cu")),
@@ -64,9 +68,9 @@ def kernels() -> list[Kernel]:
 
 #: block tiles (output channels x output pixels) and blocks per SM the registers are cut for;
 #: the SIMT threads compute 8x8 each.
-SIMT_CONFIGS = ({"bm": 128, "bn": 128, "bk": 8, "minb": 2}, {"bm": 64, "bn": 128, "bk": 8, "minb": 4},
-                {"bm": 128, "bn": 64, "bk": 8, "minb": 4}, {"bm": 64, "bn": 64, "bk": 8, "minb": 8},
-                {"bm": 64, "bn": 128, "bk": 8, "minb": 3}, {"bm": 64, "bn": 128, "bk": 16, "minb": 3})
+SIMT_CONFIGS = ({"bm": 64, "bn": 128, "bk": 16, "minb": 3}, {"bm": 64, "bn": 128, "bk": 8, "minb": 3},
+                {"bm": 128, "bn": 128, "bk": 8, "minb": 2}, {"bm": 64, "bn": 64, "bk": 8, "minb": 8},
+                {"bm": 128, "bn": 64, "bk": 8, "minb": 4})
 #: tensor-core tiles with their warp grids (each warp a (bm/wm) x (bn/wn) tile of 16x8 mmas).
 MMA_CONFIGS = ({"bm": 128, "bn": 128, "wm": 2, "wn": 4, "minb": 2}, {"bm": 64, "bn": 128, "wm": 2, "wn": 2, "minb": 3},
                {"bm": 128, "bn": 64, "wm": 2, "wn": 2, "minb": 3}, {"bm": 64, "bn": 64, "wm": 2, "wn": 2, "minb": 4})
@@ -152,23 +156,23 @@ def _vendor_ok(problem: Problem) -> bool:
 def _winograd_ok(problem: Problem) -> bool:
     cv = Conv(problem)
     return (cv.r == cv.s == 3 and cv.str_h == cv.str_w == 1 and cv.dil_h == cv.dil_w == 1 and cv.groups == 1
-            and _int32_ok(cv, problem) and 16 * max(cv.c, cv.k) * _wino_tiles(cv) < INT_MAX)
+            and _int32_ok(cv, problem) and 36 * max(cv.c, cv.k) * _wino_tiles(cv, 2) < INT_MAX)
 
 
-def _wino_tiles(cv: Conv) -> int:
-    return cv.n * -(-cv.p // 2) * -(-cv.q // 2)
+def _wino_tiles(cv: Conv, m: int) -> int:
+    return cv.n * -(-cv.p // m) * -(-cv.q // m)
 
 
-def _wino_gemm(problem: Problem) -> Problem:
-    """The 16 Winograd products as a grouped 1x1 convolution: (1, 16C, 1, T) x (16K, C, 1, 1)."""
+def _wino_gemm(problem: Problem, m: int) -> Problem:
+    """The (m+2)^2 Winograd products as a grouped 1x1 convolution: (1, a2 C, 1, T) x (a2 K, C, 1, 1)."""
     from opruntime.kernels import Attrs
 
-    cv = Conv(problem)
-    t = _wino_tiles(cv)
-    shapes = ((1, 16 * cv.c, 1, t), (16 * cv.k, cv.c, 1, 1))
-    attrs = Attrs(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=16, bias=False)
+    cv, a2 = Conv(problem), (m + 2) ** 2
+    t = _wino_tiles(cv, m)
+    shapes = ((1, a2 * cv.c, 1, t), (a2 * cv.k, cv.c, 1, 1))
+    attrs = Attrs(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=a2, bias=False)
     return Problem("conv2d", problem.device, shapes, problem.dtypes[:2], tuple(c_strides(s) for s in shapes), attrs,
-                   (1, 16 * cv.k, 1, t), problem.dtype)
+                   (1, a2 * cv.k, 1, t), problem.dtype)
 
 
 # -- cost models --------------------------------------------------------------------------------------
@@ -177,8 +181,8 @@ def _wino_gemm(problem: Problem) -> Problem:
 #: docs/notes-cuda-softmax-conv.md), per block tile; times the useful fraction of the launched
 #: tiles and of the last wave. "gemm*" are cuBLAS through cupy.matmul, "cols" the im2col pass and
 #: "transform" the Winograd transforms, as fractions of the memory bandwidth.
-SIMT_EFF = {(64, 128): 0.40, (128, 128): 0.36, (64, 64): 0.31, (128, 64): 0.27,
-            (64, 128, 8, 3): 0.39, (64, 128, 16, 3): 0.39}  # the last two: not measured yet
+SIMT_EFF = {(64, 128, 16, 3): 0.40, (64, 128, 8, 3): 0.38, (128, 128, 8, 2): 0.35, (64, 64, 8, 8): 0.27,
+            (128, 64, 8, 4): 0.27}
 MMA_EFF = {(128, 64): 0.105, (128, 128): 0.10, (64, 128): 0.09, (64, 64): 0.08}
 EFFICIENCY = {"depthwise": 0.5, "gemm32": 0.45, "gemm16": 0.013, "cols": 0.3, "transform": 0.6}
 
@@ -210,15 +214,16 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
         io = (cv.x_extent() + cv.k * cv.crs + math.prod(problem.out_shape)) * isz
         if kind == "simt":
             tile = (config["bm"], config["bn"])
-            eff = SIMT_EFF.get((*tile, config["bk"], config["minb"]), SIMT_EFF[tile]) * _fill(cv, *tile, sms)
+            eff = SIMT_EFF[(*tile, config["bk"], config["minb"])] * _fill(cv, *tile, sms)
             return max(cv.flops / (peak * eff), io / bw) + LAUNCH_S
         if kind == "mma":
             eff = MMA_EFF[(config["bm"], config["bn"])] * _fill(cv, config["bm"], config["bn"], sms)
             return max(cv.flops / (f16 * eff), io / bw) + LAUNCH_S
-        if kind == "winograd":
-            t = _wino_tiles(cv)
-            moved = (2 * 16 * (cv.c + cv.k) * t) * 4 + io  # V and M written and read back, x, y
-            return _cost("simt")(_wino_gemm(problem), config) + moved / (bw * EFFICIENCY["transform"]) + 3 * LAUNCH_S
+        if kind.startswith("winograd"):
+            m = int(kind[-1])
+            moved = (2 * (m + 2) ** 2 * (cv.c + cv.k) * _wino_tiles(cv, m)) * 4 + io  # V and M written, read back
+            return (_cost("simt")(_wino_gemm(problem, m), config) + moved / (bw * EFFICIENCY["transform"])
+                    + 3 * LAUNCH_S)
         if kind == "depthwise":
             return max(cv.flops / (peak * 0.25), io / (bw * EFFICIENCY["depthwise"])) + LAUNCH_S
         # vendor: the column buffer written and read back, the GEMM, the bias pass
@@ -244,11 +249,13 @@ def _configs(kind: str) -> Callable[[Problem], list[Mapping[str, Any]]]:
 
 
 def _run(kind: str) -> Callable[..., Any]:
-    build = {"simt": _build_igemm, "mma": _build_igemm, "winograd": _build_winograd, "depthwise": _build_depthwise,
-             "vendor": _build_vendor}[kind]
+    build = {"simt": _build_igemm, "mma": _build_igemm, "winograd2": _build_winograd, "winograd4": _build_winograd,
+             "depthwise": _build_depthwise, "vendor": _build_vendor}[kind]
+
+    tag = f"conv2d.{kind}"
 
     def run(problem: Problem, config: Mapping[str, Any], x: Any, w: Any, bias: Any = None) -> Any:
-        return per_problem(problem, config, lambda: build(kind, problem, config))(x, w, bias)
+        return per_problem(tag, problem, config, lambda: build(kind, problem, config))(x, w, bias)
 
     run.__name__ = f"conv2d_{kind}"
     return run
@@ -305,15 +312,16 @@ def _build_igemm(kind: str, problem: Problem, config: Mapping[str, Any]) -> Call
 def _build_winograd(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
     import cupy
 
-    cv, dev = Conv(problem), cc.device_id(problem.device)
-    name = "cupy.conv2d.winograd_f2x3"
-    th, tw = -(-cv.p // 2), -(-cv.q // 2)
+    cv, dev, m = Conv(problem), cc.device_id(problem.device), int(kind[-1])
+    a2 = (m + 2) ** 2
+    name = f"cupy.conv2d.winograd_f{m}x3"
+    th, tw = -(-cv.p // m), -(-cv.q // m)
     tiles = cv.n * th * tw
     threads = 256
-    d = {"DTYPE": DTYPE_CODE[problem.dtype], "THREADS": threads}
+    d = {"DTYPE": DTYPE_CODE[problem.dtype], "THREADS": threads, "WINO_M": m}
     f_filter, f_input, f_output = (cc.get_function("conv_winograd.cu", f, d, dev, kernel=name)
                                    for f in ("wino_filter", "wino_input", "wino_output"))
-    gemm = _build_igemm("simt", _wino_gemm(problem), config)  # the 16 products: one grouped GEMM
+    gemm = _build_igemm("simt", _wino_gemm(problem, m), config)  # the a2 products: one grouped GEMM
     params, fix, shape = cv.params(), _operands(cv), problem.out_shape
     kc, ct, kt = cv.k * cv.c, cv.c * tiles, cv.k * tiles
     dt = np.dtype(problem.dtype)
@@ -324,13 +332,13 @@ def _build_winograd(kind: str, problem: Problem, config: Mapping[str, Any]) -> C
             with cupy.cuda.Device(dev):
                 return launch(x, w, b)
         w, b = fix(w, b)
-        u = empty((16 * cv.k, cv.c, 1, 1), dt, f"{name} filter transform")
+        u = empty((a2 * cv.k, cv.c, 1, 1), dt, f"{name} filter transform")
         f_filter((-(-kc // threads),), (threads,), (w, u, kc))
-        v = empty((1, 16 * cv.c, 1, tiles), dt, f"{name} input transform")
+        v = empty((1, a2 * cv.c, 1, tiles), dt, f"{name} input transform")
         f_input((-(-ct // threads),), (threads,), (x, v, params, tiles, th, tw, cv.c))
-        m = gemm(v, u, None)
+        mm = gemm(v, u, None)
         y = empty(shape, x.dtype, name)
-        f_output((-(-kt // threads),), (threads,), (m, b, y, params, tiles, th, tw))
+        f_output((-(-kt // threads),), (threads,), (mm, b, y, params, tiles, th, tw))
         return y
 
     return launch
@@ -435,5 +443,5 @@ def build_variants() -> list[tuple[str, dict]]:
         out.append(("conv_depthwise.cu", {"DTYPE": code, "THREADS": 256, "KH": 3, "KW": 3, "IDX": "int"}))
         out.append(("conv_im2col.cu", {"DTYPE": code, "THREADS": 256, "IDX": "long long"}))
     out.append(("conv_depthwise.cu", {"DTYPE": 0, "THREADS": 256, "KH": 0, "KW": 0, "IDX": "long long"}))
-    out += [("conv_winograd.cu", {"DTYPE": code, "THREADS": 256}) for code in (0, 3)]
+    out += [("conv_winograd.cu", {"DTYPE": code, "THREADS": 256, "WINO_M": m}) for code in (0, 3) for m in (2, 4)]
     return out
