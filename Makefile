@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Extras installed into .venv: the test tools plus the backends that run without a GPU.
-EXTRAS ?= test,opencl,jax
+EXTRAS ?= test,opencl,jax,docs,plot
 
-.PHONY: demo test test-gpu compile-cu opencl-icd lint clean
+.PHONY: demo test test-gpu compile-cu opencl-icd docs lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,16 @@ opencl-icd:
 compile-cu: $(VENV)/.installed
 	$(BIN)/python scripts/compile_cu.py
 
-test: $(VENV)/.installed opencl-icd compile-cu
+# The plugin template installed as a real package (its entry point), outside .venv so that its
+# kernels do not join .venv's own benchmarks; tests/test_examples.py puts it on PYTHONPATH.
+build/plugin_template: $(VENV)/.installed examples/plugin_template/pyproject.toml $(wildcard examples/plugin_template/src/*/*.py)
+	rm -rf $@ && $(BIN)/python -m pip install -q --no-deps --no-build-isolation --target $@ examples/plugin_template
+
+# The docs site; strict: a broken link or a stale generated page fails (no -q: it hides warnings).
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+test: $(VENV)/.installed opencl-icd compile-cu build/plugin_template docs
 	$(BIN)/python -m pytest -q -m "not gpu" -p no:cacheprovider
 
 # On the GPU machine: scripts/gpu.sh sets it up offline and runs the GPU tests and benchmarks.

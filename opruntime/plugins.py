@@ -22,7 +22,7 @@ import pluggy
 
 from . import hookspecs
 from .devices import Device, DeviceProvider, resolve_name
-from .errors import BackendUnavailable, FallbackWarning, PluginError
+from .errors import BackendUnavailable, DeviceUnavailableError, FallbackWarning, PluginError, UnknownDeviceError
 from .kernels import Kernel
 
 log = logging.getLogger("opruntime")
@@ -150,7 +150,15 @@ class Registry:
         """The present device called ``name`` (see :func:`opruntime.devices.resolve_name`)."""
         dev = self._device_cache.get(name)
         if dev is None:
-            dev = self._device_cache[name] = resolve_name(name, self.devices, self.unavailable)
+            try:
+                dev = self._device_cache[name] = resolve_name(name, self.devices, self.unavailable)
+            except UnknownDeviceError as exc:
+                off = [f"{r.name} ({r.status}: {r.reason})" for r in self.records.values()
+                       if r.status in ("blocked", "failed")]
+                if not off:
+                    raise
+                # a blocked or broken plugin may be the one that provides it: unavailable, not unknown
+                raise DeviceUnavailableError(f"{exc} Plugins not loaded here: {'; '.join(off)}") from exc
         return dev
 
     def plugin_of(self, device_name: str) -> PluginRecord | None:

@@ -96,3 +96,17 @@ def test_kernel_only_plugin_adds_a_kernel_for_an_existing_device(rng):
     finally:
         opr.unregister("acme")
     assert "acme.softmax.fast" not in opr.registry().kernels
+
+
+def test_device_of_a_blocked_plugin_falls_back(monkeypatch):
+    monkeypatch.setenv("OPRUNTIME_PLUGINS", "-cupy")
+    monkeypatch.setenv("OPRUNTIME_DEVICE", "cuda:0,cpu")
+    opr.reload()
+    try:
+        with pytest.warns(FallbackWarning, match="falling back to 'cpu'.*Plugins not loaded here: cupy \\(blocked"):
+            out = opr.softmax(np.ones(3, np.float32))
+        assert out.device.name == "cpu"
+    finally:
+        monkeypatch.delenv("OPRUNTIME_PLUGINS")
+        monkeypatch.delenv("OPRUNTIME_DEVICE")
+        opr.reload()
