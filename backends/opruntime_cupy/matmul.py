@@ -46,9 +46,9 @@ MMA_CONFIGS: tuple[dict, ...] = (
 )
 #: Hopper only (sm_90a): warpgroup MMA; BM/64 warpgroups of 128 threads, B as n- or k-contiguous.
 WGMMA_CONFIGS: tuple[dict, ...] = (
-    dict(tile="128x256x64s4", BM=128, BN=256, BK=64, STAGES=4, occ=1, eff=0.60),
-    dict(tile="128x128x64s4", BM=128, BN=128, BK=64, STAGES=4, occ=1, eff=0.50),
-    dict(tile="128x128x64s3", BM=128, BN=128, BK=64, STAGES=3, occ=2, eff=0.55),
+    dict(tile="128x256x64s4", BM=128, BN=256, BK=64, STAGES=4, occ=1, eff=0.583),
+    dict(tile="128x128x64s4", BM=128, BN=128, BK=64, STAGES=4, occ=1, eff=0.543),
+    dict(tile="128x128x64s3", BM=128, BN=128, BK=64, STAGES=3, occ=2, eff=0.323),
 )
 #: How the wgmma kernel describes an n-contiguous B (see matmul_wgmma.cu): checked on an H200,
 #: the other conventions give wrong results or an illegal address.
