@@ -105,9 +105,8 @@ def bench_matmul(dev, sizes, peers, rows, repeats, verbose_build):
                 from opruntime_opencl import matmul as mm
 
                 try:
-                    extra = (f"-cl-nv-maxrregcount={cfg['MAXREG']}",) if cfg.get("MAXREG") else ()
                     prg = build.program(prov, build.source("matmul.cl"), mm.defines("float32", cfg), label="verbose",
-                                        extra=("-cl-nv-verbose", *extra))
+                                        extra=("-cl-nv-verbose",))
                     import pyopencl as cl
 
                     log = prg.get_build_info(prov.cl_device, cl.program_build_info.LOG)

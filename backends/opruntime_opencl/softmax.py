@@ -165,12 +165,17 @@ def rows_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
         fill = min(8.0, max(1.0, dev.compute_units * 4 / -(-rows // cfg["RPW"])))
         used = length / (tpr * vw * nv) if cfg["ONEPASS"] else 1.0
         shape = (1.0 + 0.3 * (1.0 - used) + 0.05 * abs(math.log2(max(nv, 1) / 4))) * fill
+        # every launched work-item costs a slot, busy or idle: ~2 us per device-full wave (H200:
+        # 1024 work-items per 1024-element row ran 4x slower than 64 work-items with 4 vectors each)
+        slots = -(-rows // cfg["RPW"]) * cfg["RPW"] * tpr
+        waves = 2e-6 * slots / (dev.compute_units * 2048)
     else:  # a CPU wants SIMD-wide vectors (exp and max on them) and no barriers
         access = {16: 1.0, 8: 1.3, 4: 2.0, 2: 3.5}.get(vw, 5.0) * (1.0 if tpr == 1 else 1.2 + 0.05 * tpr)
         shape = 1.0 if cfg["ONEPASS"] else 1.2
         passes = 2.0
+        waves = 0.0
     copy = 0.0 if problem.contiguous else 2 * n / dev.bandwidth
-    return passes * n * access * shape / dev.bandwidth + copy + dev.launch_s
+    return passes * n * access * shape / dev.bandwidth + waves + copy + dev.launch_s
 
 
 def columns_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
