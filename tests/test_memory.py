@@ -1,0 +1,121 @@
+"""Memory: 10,000 calls of each operator leave host memory flat (tracemalloc: Python allocations;
+RSS: everything, native buffers included) and device memory flat (CuPy's pool, JAX's memory
+stats, the OpenCL pool's active blocks; on the GPU machine for GPU devices)."""
+
+from __future__ import annotations
+
+import gc
+import resource
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import opruntime as opr
+from opruntime.plugins import registry
+
+CALLS = 10_000  # with device-resident operands, RSS measured around them
+TRACED_CALLS = 1_000  # then traced by tracemalloc (which doubles the cost of a call), with Tensor
+#                       operands and again with NumPy operands (placed on the device by each call)
+CASES = {
+    "matmul": (((8, 8), (8, 8)), {}),
+    "conv2d": (((1, 2, 5, 5), (2, 2, 3, 3)), {"padding": 1}),
+    "softmax": (((4, 16),), {"axis": -1}),
+    "log_softmax": (((4, 16),), {"axis": 0}),
+}
+TRACED_SLACK = 64 << 10  # Python allocations may grow this much: a leak of 32 bytes per call fails
+RSS_SLACK = 32 << 20  # the allocator keeps freed pages; a per-call leak of even 4 KiB is 40 MiB
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def device_bytes_in_use(device: opr.Device) -> int | None:
+    """Bytes the device's allocator holds for live arrays, where the stack says (else None)."""
+    prov = device.provider
+    if device.kind == "cuda":
+        import cupy
+
+        return int(cupy.get_default_memory_pool().used_bytes())
+    if device.kind == "jax":
+        stats = prov.jdev.memory_stats() or {}
+        return stats.get("bytes_in_use")
+    pool = getattr(prov, "_pool", None)  # pyopencl MemoryPool: blocks handed out and not returned
+    if pool is not None and hasattr(pool, "active_blocks"):
+        return int(pool.active_blocks)
+    return None
+
+
+def _run(op, tensors, attrs, n, device):
+    fn = getattr(opr, op)
+    out = None
+    for _ in range(n):
+        out = fn(*tensors, **attrs)
+    device.provider.synchronize()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", list(CASES))
+def test_ten_thousand_calls_leave_memory_flat(device, op):
+    if not registry().kernels_for(op, device.kind):
+        pytest.skip(f"no {op} kernel for {device.kind}")
+    shapes, attrs = CASES[op]
+    rng = np.random.default_rng()
+    hosts = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    tensors = [opr.tensor(h, device=device) for h in hosts]
+    _run(op, tensors, attrs, 200, device)  # warm: build kernels, fill the plan cache, size the pools
+    _run(op, hosts, attrs | {"device": device}, 50, device)
+    gc.collect()
+    dev_before, rss_before = device_bytes_in_use(device), rss_bytes()
+    out = _run(op, tensors, attrs, CALLS, device)
+    del out
+    gc.collect()
+    rss_grown = rss_bytes() - rss_before
+    assert rss_grown <= RSS_SLACK, f"RSS grew {rss_grown / 2**20:.1f} MiB over {CALLS} {op} calls on {device.name}"
+    dev_after = device_bytes_in_use(device)
+    if dev_before is not None and dev_after is not None:
+        assert dev_after <= dev_before, f"{device.name} holds {dev_after - dev_before} more (bytes or blocks) after"
+    grown, top = traced_growth(lambda: (_run(op, tensors, attrs, TRACED_CALLS, device),
+                                        _run(op, hosts, attrs | {"device": device}, TRACED_CALLS, device)))
+    assert grown <= TRACED_SLACK, (f"Python allocations grew {grown / 1024:.0f} KiB over {2 * TRACED_CALLS} {op} calls "
+                                   f"on {device.name}:\n{top}")
+
+
+def traced_growth(fn) -> tuple[int, str]:
+    """Bytes of Python allocations that ``fn`` leaves behind, and the top allocation sites."""
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        fn()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - base
+        top = "\n".join(map(str, tracemalloc.take_snapshot().statistics("lineno")[:5])) if grown > TRACED_SLACK else ""
+    finally:
+        tracemalloc.stop()
+    return grown, top
+
+
+def test_the_check_catches_a_small_per_call_leak():
+    import types
+
+    kept = []
+
+    def leaky(problem, config, x):
+        kept.append(bytes(32))  # what a per-call cache keyed on something unique would keep
+        return x.copy()
+
+    @opr.hookimpl
+    def opruntime_kernels():
+        return [opr.Kernel("softmax", "leaky.softmax.k", "cpu", opr.FLOATS, leaky, cost=lambda p, c: 0.0)]
+
+    opr.register(types.SimpleNamespace(opruntime_kernels=opruntime_kernels, __name__="leaky"), name="leaky")
+    try:
+        x = opr.tensor(np.ones((4, 16), np.float32), device="cpu")
+        opr.softmax(x)
+        grown, _ = traced_growth(lambda: [opr.softmax(x) for _ in range(2 * TRACED_CALLS)])
+    finally:
+        opr.unregister("leaky")
+    assert grown > TRACED_SLACK
