@@ -305,8 +305,6 @@ def bench_overhead(results: dict) -> None:
     res["ptr_check"] = measure(lambda: x.data.ptr & 15, sync, batch_s=0.02) * 1e6
     args = (x, y, 1, 16, 16)
     res["raw_launch_prebuilt_args"] = measure(lambda: fn((1,), (128,), args), sync, batch_s=0.02) * 1e6
-    fast = sm.fast_launcher(fn, (1,), (128,), (1, 16, 16))
-    res["fast_launch"] = measure(lambda: fast(x, y), sync, batch_s=0.02) * 1e6 if fast else float("nan")
     res["kernel_run_again"] = measure(lambda: kern.run(p, cfg, x), sync, batch_s=0.02) * 1e6
     print(f"fn type: {type(fn)}")
     t = opr.Tensor._wrap(x, dev)

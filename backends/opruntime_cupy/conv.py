@@ -177,10 +177,11 @@ def _wino_gemm(problem: Problem, m: int) -> Problem:
 
 # -- cost models --------------------------------------------------------------------------------------
 
-#: Fraction of the device's peak each kernel reached on the ResNet-50 layers (H200, see
+#: Fraction of the device's peak each kernel reached on the ResNet-50 layers (H200 runs 1-3, see
 #: docs/notes-cuda-softmax-conv.md), per block tile; times the useful fraction of the launched
 #: tiles and of the last wave. "gemm*" are cuBLAS through cupy.matmul, "cols" the im2col pass and
-#: "transform" the Winograd transforms, as fractions of the memory bandwidth.
+#: "transform" the Winograd transforms, as fractions of the memory bandwidth. With these, run 3
+#: predicted 200 / 147 / 143 us for Winograd F(4x4) on layers 1 / 3 / 4 and measured 192 / 158 / 166.
 SIMT_EFF = {(64, 128, 16, 3): 0.40, (64, 128, 8, 3): 0.38, (128, 128, 8, 2): 0.35, (64, 64, 8, 8): 0.27,
             (128, 64, 8, 4): 0.27}
 MMA_EFF = {(128, 64): 0.105, (128, 128): 0.10, (64, 128): 0.09, (64, 64): 0.08}

@@ -249,44 +249,6 @@ def _runner(op: str, family: str) -> Callable[..., Any]:
     return run
 
 
-def fast_launcher(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], tail: tuple[int, ...]) \
-        -> Callable[[Any, Any], None] | None:
-    """``launch(x, y)`` of a kernel ``(const T* x, T* y, i64 tail...)`` through cuLaunchKernel with a
-    parameter block built once: per call only the two pointers are written. CuPy's own launch
-    converts every argument on every call (about 5 us for five arguments; this takes about 1.5).
-    None when this CuPy does not expose what it needs (the caller then uses ``fn(...)``)."""
-    import threading
-
-    import numpy as np
-
-    try:
-        import cupy
-
-        fptr = int(fn.kernel.ptr) if hasattr(fn, "kernel") else int(fn.ptr)
-        launch_kernel = cupy.cuda.driver.launchKernel
-        stream_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None)
-        if stream_ptr is None or not isinstance(stream_ptr(), int):
-            return None
-    except Exception:  # noqa: BLE001 - any mismatch: use CuPy's ordinary launch
-        return None
-    vals = np.zeros(2 + len(tail), np.uint64)  # x, y, then the 64-bit scalars: the kernel's parameters
-    vals[2:] = np.array(tail, np.int64).view(np.uint64)
-    base = vals.ctypes.data
-    params = np.array([base + 8 * i for i in range(len(vals))], np.uint64)  # void* kernelParams[]
-    pptr = params.ctypes.data
-    (gx, gy, gz), (bx, by, bz) = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-    lock = threading.Lock()
-
-    def launch(x: Any, y: Any) -> None:
-        with lock:  # the parameter block is shared: one launch at a time fills it
-            vals[0] = x.data.ptr
-            vals[1] = y.data.ptr
-            launch_kernel(fptr, gx, gy, gz, bx, by, bz, 0, stream_ptr(), pptr, 0)
-
-    launch.keep = (vals, params)  # type: ignore[attr-defined]  # the buffers live as long as the launcher
-    return launch
-
-
 def _defines(family: str, problem: Problem, config: Mapping[str, Any], vec: int) -> dict[str, int]:
     cols = _rows(problem)[1]
     packs = -(-cols // vec)
@@ -331,7 +293,6 @@ def _build(op: str, family: str, problem: Problem, config: Mapping[str, Any]) ->
     grid, block = (grid,), (block,)
     scalar: list[Any] = []  # the VEC=1 build, made on the first misaligned input
     args_tail = (rows, cols, ldx)
-    fast = fast_launcher(fn, grid, block, args_tail)
     getdev, alloc, oom = cupy.cuda.runtime.getDevice, cupy.empty, cupy.cuda.memory.OutOfMemoryError
     aligned = vec == 1
 
@@ -344,10 +305,7 @@ def _build(op: str, family: str, problem: Problem, config: Mapping[str, Any]) ->
         except oom:
             y = empty(shape, x.dtype, name)  # retried there, raising OutOfMemoryError with the figures
         if aligned or not x.data.ptr & 15:
-            if fast is not None:
-                fast(x, y)
-            else:
-                fn(grid, block, (x, y, *args_tail))
+            fn(grid, block, (x, y, *args_tail))  # CuPy converts the five arguments: ~5 us of the ~8
             return y
         if family == "cluster":  # cluster sizes were chosen for 128-bit access
             return _misaligned(op, problem, x)
