@@ -10,6 +10,7 @@
 //                local stages, one barrier per k tile instead of two).
 //                The work-group is (TSN / WPTN, TSM / WPTM).
 //   gemm_simple: TS (a TS x TS tile, one output per work-item).
+//   gemm_vector: MR, NRV, VW (CPUs: MR rows x NRV VW-wide vectors per work-item, no local memory).
 
 #ifdef USE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -255,3 +256,61 @@ void gemm_simple(const int M, const int N, const int K,
     if (row < M && col < N) C[(long)batch * M * N + (long)row * N + col] = (T)acc;
 }
 #endif  // TS
+
+#ifdef MR  // ------------------------------------------------------------------ gemm_vector
+// For CPU devices: no local memory (the caches block), each work-item computes MR rows x
+// NRV vectors of VW columns, an FMA of a broadcast A element into a VW-wide B row segment per
+// step: SIMD-wide code by construction (PoCL maps float16 to one AVX-512 register). Rows past
+// M are clamped (computed, not stored); a column block crossing N takes the scalar path.
+#define VEC_T CAT2(T, VW)
+#define VEC_ACC CAT2(ACC, VW)
+#define CAT2_(a, b) a##b
+#define CAT2(a, b) CAT2_(a, b)
+#define VLOAD CAT2(vload, VW)
+#define VSTORE CAT2(vstore, VW)
+#define TO_VACC CAT2(convert_, VEC_ACC)
+#define TO_VT CAT2(convert_, VEC_T)
+
+__kernel void gemm_vector(const int M, const int N, const int K,
+                          __global const T* A, __global const long* aoff, const int lda,
+                          __global const T* B, __global const long* boff, const int ldb, __global T* C) {
+    const int n0 = get_global_id(0) * (NRV * VW), m0 = get_global_id(1) * MR, batch = get_global_id(2);
+    if (n0 >= N || m0 >= M) return;
+    A += aoff[batch];
+    B += boff[batch];
+    C += (long)batch * M * N;
+    __global const T* arow[MR];
+    #pragma unroll
+    for (int i = 0; i < MR; i++) arow[i] = A + (long)min(m0 + i, M - 1) * lda;
+    VEC_ACC acc[MR][NRV];
+    #pragma unroll
+    for (int i = 0; i < MR; i++)
+        #pragma unroll
+        for (int j = 0; j < NRV; j++) acc[i][j] = (VEC_ACC)(0);
+    if (n0 + NRV * VW <= N) {
+        for (int k = 0; k < K; k++) {
+            VEC_ACC b[NRV];
+            #pragma unroll
+            for (int j = 0; j < NRV; j++) b[j] = TO_VACC(VLOAD(0, B + (long)k * ldb + n0 + j * VW));
+            #pragma unroll
+            for (int i = 0; i < MR; i++) {
+                VEC_ACC a = (VEC_ACC)((ACC)arow[i][k]);
+                #pragma unroll
+                for (int j = 0; j < NRV; j++) acc[i][j] = fma(a, b[j], acc[i][j]);
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < MR; i++)
+            if (m0 + i < M)
+                #pragma unroll
+                for (int j = 0; j < NRV; j++) VSTORE(TO_VT(acc[i][j]), 0, C + (long)(m0 + i) * N + n0 + j * VW);
+    } else {  // the last, partial column block: scalars
+        for (int i = 0; i < MR && m0 + i < M; i++)
+            for (int n = n0; n < N; n++) {
+                ACC s = (ACC)0;
+                for (int k = 0; k < K; k++) s += (ACC)arow[i][k] * (ACC)B[(long)k * ldb + n];
+                C[(long)(m0 + i) * N + n] = (T)s;
+            }
+    }
+}
+#endif  // MR

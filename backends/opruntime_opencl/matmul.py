@@ -1,5 +1,6 @@
-"""matmul on OpenCL devices: a register-blocked, local-memory-tiled GEMM (``matmul.cl``) and a
-plain one-output-per-work-item tiled kernel, both batched with broadcast batch dims.
+"""matmul on OpenCL devices (``matmul.cl``): a register-blocked, local-memory-tiled GEMM for
+GPUs, a SIMD-vector GEMM for CPUs (no local memory: the caches block) and a plain
+one-output-per-work-item tiled kernel; all batched with broadcast batch dims.
 
 Operands are read in place when each matrix is row-major (unit column stride) at any row stride
 and batch strides; other views (a transpose) are first gathered into a contiguous copy.
@@ -25,6 +26,8 @@ def kernels() -> list[Kernel]:
         #       op        name                         kind      dtypes  run
         Kernel("matmul", "opencl.matmul.tiled", "opencl", dtypes, run_tiled, supports=supports_tiled,
                cost=tiled_cost, configs=TILED_CONFIGS, config_for=tiled_configs, source=src),
+        Kernel("matmul", "opencl.matmul.vector", "opencl", dtypes, run_vector, supports=supports_vector,
+               cost=vector_cost, configs=VECTOR_CONFIGS, config_for=vector_configs, source=src),
         Kernel("matmul", "opencl.matmul.simple", "opencl", dtypes, run_simple, supports=supports_simple,
                cost=simple_cost, configs=SIMPLE_CONFIGS, config_for=simple_configs, source=src),
     ]
@@ -53,6 +56,11 @@ CPU_TILED = (
 )
 TILED_CONFIGS: tuple[dict[str, int], ...] = (*GPU_TILED, *(c for c in CPU_TILED if c not in GPU_TILED))
 SIMPLE_CONFIGS: tuple[dict[str, int], ...] = (dict(TS=16), dict(TS=8))
+#: The vector kernel (for CPUs): MR rows x NRV vectors per work-item, a WGX x WGY work-group;
+#: the vector width is the dtype's 512-bit width (16 floats, 8 doubles).
+VECTOR_CONFIGS: tuple[dict[str, int], ...] = (
+    dict(MR=8, NRV=2, WGX=2, WGY=8), dict(MR=4, NRV=2, WGX=4, WGY=4), dict(MR=4, NRV=4, WGX=2, WGY=8),
+)
 
 TYPES = {"float32": ("float", "float", {}), "float64": ("double", "double", {"USE_FP64": 1}),
          "float16": ("half", "float", {"USE_FP16": 1})}
@@ -135,6 +143,22 @@ def run_simple(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> A
     return out
 
 
+def run_vector(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> Any:
+    dev, m, n, k, nb, a, lda, aoff, _, b, ldb, boff, _, out = _prepare(problem, a, b)
+    vw = vector_width(problem.dtype)
+    defines_ = {**defines(problem.dtype, {}), "MR": config["MR"], "NRV": config["NRV"], "VW": vw}
+    knl = build.kernel(dev, build.source("matmul.cl"), defines_, "gemm_vector", label="opencl.matmul.vector")
+    i32 = np.int32
+    dev.launch(knl, (-(-n // (config["NRV"] * vw)), -(-m // config["MR"]), nb), (config["WGX"], config["WGY"], 1),
+               i32(m), i32(n), i32(k), a.base_data, aoff.base_data, i32(lda), b.base_data, boff.base_data, i32(ldb),
+               out.base_data)
+    return out
+
+
+def vector_width(dtype: str) -> int:
+    return 8 if dtype == "float64" else 16
+
+
 # -- which configs fit, and what they cost ------------------------------------------------------
 def tiled_fits(dev: OpenCLDevice, cfg: Mapping[str, int], dtype: str) -> bool:
     tsm, tsn, tsk, wm, wn, vw = (cfg[x] for x in ("TSM", "TSN", "TSK", "WPTM", "WPTN", "VW"))
@@ -173,7 +197,7 @@ def _gemm_time(problem: Problem, dev: OpenCLDevice, tm: int, tn: int, tk: int, e
 def tiled_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     dev = provider(problem.device)
     area = cfg["TSM"] * cfg["TSN"]
-    eff = (0.55 if dev.is_gpu else 0.25) * min(1.0, 0.55 + area / 36000) * (1.0 if cfg["VW"] == 4 else 0.8)
+    eff = (0.55 if dev.is_gpu else 0.08) * min(1.0, 0.55 + area / 36000) * (1.0 if cfg["VW"] == 4 else 0.8)
     slots = max(1, min(4, 512 // ((cfg["TSM"] // cfg["WPTM"]) * (cfg["TSN"] // cfg["WPTN"])))) if dev.is_gpu else 1
     return _gemm_time(problem, dev, cfg["TSM"], cfg["TSN"], cfg["TSK"], eff, slots)
 
@@ -181,6 +205,33 @@ def tiled_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
 def simple_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     dev = provider(problem.device)
     return _gemm_time(problem, dev, cfg["TS"], cfg["TS"], cfg["TS"], 0.1 if dev.is_gpu else 0.08, 4 if dev.is_gpu else 1)
+
+
+def vector_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
+    """SIMD code without local memory: near a CPU's peak, poor on a GPU (uncoalesced, no reuse)."""
+    dev = provider(problem.device)
+    m, n, k, nb = _dims(problem)
+    vw = vector_width(problem.dtype)
+    rows, cols = cfg["MR"], cfg["NRV"] * vw
+    waste = (-(-m // rows) * rows * -(-n // cols) * cols) / (m * n)
+    ragged = 1.0 + 4.0 * (n % cols) / max(n, 1)  # the last column block runs scalar
+    eff = 0.03 if dev.is_gpu else 0.8 * (1.0 if rows * cfg["NRV"] >= 8 else 0.8)
+    dt = 2.0 if problem.dtype == "float64" else 1.0
+    flops = 2.0 * m * n * k * nb * waste * ragged * dt
+    nbytes = (m * k + k * n + m * n) * nb * itemsize(problem.dtype)
+    copies = 0.0 if problem.contiguous else nbytes / dev.bandwidth
+    return max(flops / (eff * dev.flops), nbytes / dev.bandwidth) + copies + dev.launch_s
+
+
+def vector_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
+    dev = provider(problem.device)
+    menu = VECTOR_CONFIGS if dev.type == "cpu" else VECTOR_CONFIGS[:1]
+    fit = [c for c in menu if c["WGX"] * c["WGY"] <= dev.max_wg]
+    return sorted(fit, key=lambda c: vector_cost(problem, c))
+
+
+def supports_vector(problem: Problem) -> bool:
+    return provider(problem.device).dtype_ok(problem.dtype) and bool(vector_configs(problem))
 
 
 def tiled_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
