@@ -75,7 +75,9 @@ def run_all_configs(device: opr.Device, op: str, host: list[np.ndarray], dtype: 
     ref = OPS[op].reference(*host, **attrs)
     ran = 0
     for k in kernels(op):
-        assert k.supports(prob), f"{k.name} declines {prob}"
+        if not k.supports(prob):  # a kernel for other device types (opencl.matmul.vector: CPUs)
+            assert k.name == "opencl.matmul.vector" and device.provider.type != "cpu", f"{k.name} declines {prob}"
+            continue
         cfgs = list(k.candidates(prob))
         for cfg in cfgs if dtype == "float32" else cfgs[:1]:
             out = prov.to_host(k.run(prob, cfg, *datas)).reshape(ref.shape)

@@ -215,7 +215,7 @@ def vector_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     rows, cols = cfg["MR"], cfg["NRV"] * vw
     waste = (-(-m // rows) * rows * -(-n // cols) * cols) / (m * n)
     ragged = 1.0 + 4.0 * (n % cols) / max(n, 1)  # the last column block runs scalar
-    eff = 0.03 if dev.is_gpu else 0.8 * (1.0 if rows * cfg["NRV"] >= 8 else 0.8)
+    eff = 0.01 if dev.is_gpu else 0.8 * (1.0 if rows * cfg["NRV"] >= 8 else 0.8)
     dt = 2.0 if problem.dtype == "float64" else 1.0
     flops = 2.0 * m * n * k * nb * waste * ragged * dt
     nbytes = (m * k + k * n + m * n) * nb * itemsize(problem.dtype)
@@ -225,13 +225,15 @@ def vector_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
 
 def vector_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
     dev = provider(problem.device)
-    menu = VECTOR_CONFIGS if dev.type == "cpu" else VECTOR_CONFIGS[:1]
-    fit = [c for c in menu if c["WGX"] * c["WGY"] <= dev.max_wg]
+    fit = [c for c in VECTOR_CONFIGS if c["WGX"] * c["WGY"] <= dev.max_wg]
     return sorted(fit, key=lambda c: vector_cost(problem, c))
 
 
 def supports_vector(problem: Problem) -> bool:
-    return provider(problem.device).dtype_ok(problem.dtype) and bool(vector_configs(problem))
+    """CPU devices only: on a GPU it reads uncoalesced and reuses nothing (the tiled kernel is
+    the GPU one)."""
+    dev = provider(problem.device)
+    return dev.type == "cpu" and dev.dtype_ok(problem.dtype) and bool(vector_configs(problem))
 
 
 def tiled_configs(problem: Problem) -> Sequence[Mapping[str, int]]:

@@ -94,12 +94,26 @@ class OpenCLDevice(DeviceProvider):
         import pyopencl as cl
         import pyopencl.array as cla
 
-        try:
-            return cla.empty(self.queue, tuple(shape), np.dtype(dtype), allocator=self._pool)
-        except (cl.MemoryError, MemoryError) as exc:
-            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-            raise OutOfMemoryError(f"{self.name} ({self.description}): cannot allocate {nbytes / 2**20:.1f} MiB "
-                                   f"for a {np.dtype(dtype).name} array of shape {tuple(shape)}: {exc}") from exc
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        what = f"{self.name} ({self.description}): cannot allocate {nbytes / 2**20:.1f} MiB for a {dtype.name} array " \
+               f"of shape {tuple(shape)}"
+        if nbytes > self.cl_device.max_mem_alloc_size:
+            raise OutOfMemoryError(f"{what}: the device's largest single allocation is "
+                                   f"{self.cl_device.max_mem_alloc_size / 2**20:.0f} MiB (max_mem_alloc_size)")
+        queue = self.queue
+        for attempt in (0, 1):
+            try:
+                return cla.empty(queue, tuple(shape), dtype, allocator=self._pool)
+            except (cl.Error, MemoryError) as exc:
+                code = getattr(exc, "code", None)
+                if not isinstance(exc, MemoryError) and code not in _OOM_CODES:
+                    raise
+                if attempt == 0:  # the pool may hold freed blocks: give them back and retry once
+                    self._pool.free_held()
+                    continue
+                raise OutOfMemoryError(f"{what}: {exc}") from exc
+        raise AssertionError("unreachable")
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         import pyopencl as cl
@@ -228,6 +242,8 @@ class OpenCLDevice(DeviceProvider):
 
 
 MAX_COPY_RANK = 6
+#: CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_OUT_OF_RESOURCES, CL_OUT_OF_HOST_MEMORY, CL_INVALID_BUFFER_SIZE
+_OOM_CODES = (-4, -5, -6, -61)
 
 
 def _collapse(shape: tuple[int, ...], strides: list[int]) -> tuple[list[int], list[int]]:
