@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 
@@ -188,8 +187,9 @@ def bench_softmax(dev, shapes, peers, rows, repeats, red_variants=False):
             cx = cp.asarray(xh)
             cy = cp.empty_like(cx)
             t = cuda_time(lambda: cy.__setitem__(Ellipsis, cx), repeats)
-            rows.append({"op": "copy", "kernel": "peer:cupy d2d copy", "shape": [r, c], "s": t, "gbs": 2 * r * c * 4 / t / 1e9})
-            print(f"{'peer cupy device-to-device copy':78s} {r}x{c} {t * 1e6:9.1f} us {2 * r * c * 4 / t / 1e9:8.1f} GB/s")
+            gbs = 2 * r * c * 4 / t / 1e9
+            rows.append({"op": "copy", "kernel": "peer:cupy d2d copy", "shape": [r, c], "s": t, "gbs": gbs})
+            print(f"{'peer cupy device-to-device copy':78s} {r}x{c} {t * 1e6:9.1f} us {gbs:8.1f} GB/s")
             try:
                 import torch
 
@@ -213,7 +213,8 @@ def bench_softmax(dev, shapes, peers, rows, repeats, red_variants=False):
         t = float(np.median(ts[1:] or ts))
         rows.append({"op": "copy", "kernel": "peer:opencl enqueue_copy", "shape": [r, c], "s": t,
                      "gbs": 2 * r * c * 4 / t / 1e9})
-        print(f"{'peer OpenCL buffer copy (same device)':78s} {r}x{c} {t * 1e6:9.1f} us {2 * r * c * 4 / t / 1e9:8.1f} GB/s")
+        gbs = 2 * r * c * 4 / t / 1e9
+        print(f"{'peer OpenCL buffer copy (same device)':78s} {r}x{c} {t * 1e6:9.1f} us {gbs:8.1f} GB/s")
 
 
 def main(argv=None) -> None:
@@ -228,7 +229,8 @@ def main(argv=None) -> None:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dev = opr.Device(args.device)
-    print(f"device {dev.name}: {dev.provider.description}; " + "; ".join(f"{k}: {v}" for k, v in dev.provider.info().items()))
+    facts = "; ".join(f"{k}: {v}" for k, v in dev.provider.info().items())
+    print(f"device {dev.name}: {dev.provider.description}; {facts}")
     rows: list[dict] = []
     if args.matmul:
         bench_matmul(dev, args.matmul, args.peers, rows, args.repeats, args.verbose_build)
@@ -246,8 +248,8 @@ def main(argv=None) -> None:
                 best[key] = r
     print("\nbest per problem:")
     for key, r in best.items():
-        peer_rows = [p for p in rows if p["kernel"].startswith("peer") and (p.get("n") or tuple(p.get("shape", ()))) == key[1]
-                     and p["op"] in (key[0], "copy", "softmax")]
+        peer_rows = [p for p in rows if p["kernel"].startswith("peer") and p["op"] in (key[0], "copy", "softmax")
+                     and (p.get("n") or tuple(p.get("shape", ()))) == key[1]]
         ratios = ", ".join(f"{p['kernel']}: {p['s'] / r['s']:.2f}x" for p in peer_rows)
         print(f"  {key}: {r['kernel']} {r['s'] * 1e3:.3f} ms; speed vs peers (peer time / ours): {ratios}")
     sys.stdout.flush()

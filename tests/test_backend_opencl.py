@@ -275,9 +275,8 @@ def test_build_failure_reports_log_and_falls_back(ocl, rng, broken_plugin):
 
 # -- the stack is optional and imported lazily ------------------------------------------------------------
 def test_pyopencl_missing_or_no_platform_is_unavailable(monkeypatch):
-    import pyopencl
-
     import opruntime_opencl
+    import pyopencl
 
     monkeypatch.setattr(memory, "_devices", {})
     monkeypatch.setattr(memory, "_discovered", False)

@@ -141,7 +141,10 @@ def _bytes(problem: Problem) -> float:
 def igemm_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     dev = provider(problem.device)
     g, og, kc, p = _sizes(problem)
-    padded = g * (-(-og // cfg["TM"]) * cfg["TM"]) * (-(-kc // cfg["TK"]) * cfg["TK"]) * (-(-p // cfg["TN"]) * cfg["TN"])
+    def up(n: int, t: int) -> int:
+        return -(-n // t) * t
+
+    padded = g * up(og, cfg["TM"]) * up(kc, cfg["TK"]) * up(p, cfg["TN"])
     area = cfg["TM"] * cfg["TN"]
     eff = (0.3 if dev.is_gpu else 0.12) * min(1.0, 0.5 + area / 16384)
     tiles = g * -(-og // cfg["TM"]) * -(-p // cfg["TN"])
@@ -158,7 +161,8 @@ def direct_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
 
 def igemm_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
     dev = provider(problem.device)
-    menu = IGEMM_CONFIGS[:1] + IGEMM_CONFIGS[3:4] if dev.type == "cpu" else IGEMM_CONFIGS  # CPUs: a wide and a narrow tile
+    cpu_menu = IGEMM_CONFIGS[:1] + IGEMM_CONFIGS[3:4]  # a wide and a narrow tile: each is a slow PoCL compile
+    menu = cpu_menu if dev.type == "cpu" else IGEMM_CONFIGS
     fit = [c for c in menu if igemm_fits(dev, c, problem.dtype)]
     return sorted(fit, key=lambda c: igemm_cost(problem, c))
 

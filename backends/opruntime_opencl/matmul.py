@@ -17,7 +17,7 @@ import numpy as np
 from opruntime.kernels import Kernel, Problem, itemsize
 
 from . import build
-from .memory import OpenCLDevice, element_offset, elem_strides, kernel_dtypes, provider
+from .memory import OpenCLDevice, elem_strides, element_offset, kernel_dtypes, provider
 
 
 def kernels() -> list[Kernel]:
@@ -204,7 +204,8 @@ def tiled_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
 
 def simple_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     dev = provider(problem.device)
-    return _gemm_time(problem, dev, cfg["TS"], cfg["TS"], cfg["TS"], 0.1 if dev.is_gpu else 0.08, 4 if dev.is_gpu else 1)
+    ts = cfg["TS"]
+    return _gemm_time(problem, dev, ts, ts, ts, 0.1 if dev.is_gpu else 0.08, 4 if dev.is_gpu else 1)
 
 
 def vector_cost(problem: Problem, cfg: Mapping[str, int]) -> float:

@@ -82,7 +82,7 @@ class OpenCLDevice(DeviceProvider):
         """Enqueue ``kernel``; ``gsize`` is rounded up to a multiple of ``lsize``."""
         import pyopencl as cl
 
-        g = tuple(-(-n // l) * l for n, l in zip(gsize, lsize))
+        g = tuple(-(-n // w) * w for n, w in zip(gsize, lsize))
         kernel.set_args(*args)
         evt = cl.enqueue_nd_range_kernel(self.queue, kernel, g, lsize)
         if self._events is not None:
