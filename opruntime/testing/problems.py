@@ -129,7 +129,7 @@ class Built:
     reference: np.ndarray
 
 
-def _device_view(device: Device, host: np.ndarray, view: str | None) -> tuple[Any, Any, np.ndarray]:
+def device_view(device: Device, host: np.ndarray, view: str | None) -> tuple[Any, Any, np.ndarray]:
     """(the view on ``device`` showing ``host``, the device array it views, that array's host copy)."""
     prov = device.provider
     if view is None:
@@ -157,7 +157,7 @@ def build(case: Case, device: Device, dtype: str, rng: np.random.Generator) -> B
     hosts, operands, bases = [], [], []
     for i, shape in enumerate(case.shapes):
         host = random_array(rng, shape, dtype, case.scale)
-        data, base, base_host = _device_view(device, host, case.views[i] if i < len(case.views) else None)
+        data, base, base_host = device_view(device, host, case.views[i] if i < len(case.views) else None)
         operands.append(data)
         hosts.append(host)
         bases.append((base, base_host))
