@@ -384,12 +384,15 @@ def _run_case(kernel: Kernel, device: Device, case: Case, dtype: str, configs: s
                 out.append(Finding("kernel", label, f"cost() returned {cost!r}; it must be finite seconds >= 0"))
         except Exception as exc:
             out.append(Finding("kernel", label, f"cost() raised {_exc(exc)}"))
+        views = kernel_views(plan, built.operands)
         try:
-            res = kernel.run(problem, cfg, *kernel_views(plan, built.operands))
+            res = kernel.run(problem, cfg, *views)
             prov.synchronize()
         except Exception as exc:
             out.append(Finding("kernel", label, f"supports() accepted it but run raised {_exc(exc)}"))
             continue
+        if any(res is v for v in views):
+            out.append(Finding("kernel", label, "run returned one of its operands; it must return a new array"))
         if not prov.owns(res):
             out.append(Finding("kernel", label, f"run returned {type(res).__name__}, not a native array of this device"))
         if tuple(res.shape) != problem.out_shape or np.dtype(res.dtype) != np_dtype(problem.out_dtype):

@@ -60,8 +60,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("kernel_case", params, ids=ids)
     elif "plugin_name" in names:
         metafunc.parametrize("plugin_name", sel.plugins)
-    elif "device_name" in names:
-        metafunc.parametrize("device_name", sel.devices)
+    elif "device_name" in names:  # memory and frontend checks: the devices the checked plugins provide
+        own = [d for d in sel.devices if device_plugin(reg.device(d)) in sel.plugins]
+        metafunc.parametrize("device_name", own)
 
 
 @pytest.fixture
