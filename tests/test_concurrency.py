@@ -3,6 +3,8 @@ contexts (``opr.device`` / ``opr.override``) at once. Every result is right, lan
 own device, and no thread ever sees another thread's settings (or runs the kernel another
 thread pinned)."""
 
+# ruff: noqa: BLE001 - whatever a plugin (or a thread) raises is reported, never let through
+
 from __future__ import annotations
 
 import asyncio

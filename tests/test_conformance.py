@@ -96,7 +96,7 @@ def test_every_kernel_pinned(device, op):
 def test_suite_runs_as_a_pytest_package():
     """What a plugin author types: the package collects, takes the option and passes on cpu."""
     proc = subprocess.run([sys.executable, "-m", "opruntime.testing", "--device", "cpu", "--cases", "quick", "-q",
-                           "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=300)
+                           "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 

@@ -20,20 +20,10 @@ builds (``check_kernel``) and through the frontend with the kernel pinned (``che
 size-0 results come back right on the device (``check_frontend_edges``).
 """
 
-from .checks import (
-    Finding,
-    check_frontend_edges,
-    check_hooks,
-    check_kernel,
-    check_lazy_import,
-    check_memory,
-    check_pinned,
-    device_plugin,
-    failures,
-    plugin_kernels,
-    summary,
-    supported_dtypes,
-)
+from .findings import Finding, failures, summary
+from .hooks import check_hooks, check_lazy_import, device_plugin, plugin_kernels
+from .kernels import check_frontend_edges, check_kernel, check_pinned
+from .memory import check_memory, supported_dtypes
 from .numerics import TOLERANCE, compare, np_dtype, random_array, rel_err
 from .problems import CASES, EMPTY, QUICK_CASES, Case, build
 

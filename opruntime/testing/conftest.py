@@ -10,7 +10,7 @@ import pytest
 
 from opruntime.plugins import registry
 
-from .checks import device_plugin, plugin_kernels
+from .hooks import device_plugin, plugin_kernels
 from .problems import CASES, QUICK_CASES
 
 

@@ -8,16 +8,10 @@ import pytest
 from opruntime.ops import OPS
 from opruntime.plugins import registry
 
-from .checks import (
-    check_frontend_edges,
-    check_hooks,
-    check_kernel,
-    check_lazy_import,
-    check_memory,
-    check_pinned,
-    failures,
-    summary,
-)
+from .findings import failures, summary
+from .hooks import check_hooks, check_lazy_import
+from .kernels import check_frontend_edges, check_kernel, check_pinned
+from .memory import check_memory
 
 
 def _assert_clean(findings) -> None:
