@@ -76,6 +76,10 @@ def test_softmax_long_row_of_huge_values(device, op):
 
 
 # -- matmul ---------------------------------------------------------------------------------------------
+NUMPY_WARNS = pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")  # as NumPy does
+
+
+@NUMPY_WARNS
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_nan_and_inf_propagate(device, dtype):
     skip_unless_dtype(device, "matmul", dtype)
@@ -89,6 +93,7 @@ def test_matmul_nan_and_inf_propagate(device, dtype):
     check(opr.matmul(a, b, device=device), reference("matmul", a, b), dtype, device)
 
 
+@NUMPY_WARNS
 def test_matmul_inf_times_zero_is_nan(device):
     a = host([[np.inf, 1.0], [2.0, 3.0]], "float32")
     b = host([[0.0, 1.0], [1.0, 1.0]], "float32")
