@@ -20,7 +20,7 @@ from opruntime.errors import KernelCompileError
 _lock = threading.Lock()
 _sources: dict[str, str] = {}
 _programs: dict[tuple[int, str, tuple[str, ...]], Any] = {}  # -> Program, or the KernelCompileError
-_kernels: dict[tuple[int, str], Any] = {}  # (program id, kernel name) -> pyopencl.Kernel
+_kernels: dict[tuple, Any] = {}  # (program id, name) and a per-call key without hashing -> pyopencl.Kernel
 
 
 def source(name: str) -> str:
@@ -80,13 +80,22 @@ def _build(cl: Any, device: Any, text: str, opts: tuple[str, ...], label: str) -
 def kernel(device: Any, text: str, defines: Mapping[str, Any], name: str, *, label: str,
            extra: tuple[str, ...] = ()) -> Any:
     """The ``pyopencl.Kernel`` called ``name`` from :func:`program` (cached: kernel objects are
-    costly to create)."""
-    prg = program(device, text, defines, label=label, extra=extra)
-    key = (id(prg), name)
-    knl = _kernels.get(key)
+    costly to create, and hashing the source on every call would cost more than a launch)."""
+    fast = (id(device), id(text), len(text), tuple(defines.items()), name, extra)
+    knl = _kernels.get(fast)
     if knl is None:
-        knl = _kernels[key] = getattr(prg, name)
+        prg = program(device, text, defines, label=label, extra=extra)
+        key = (id(prg), name)
+        knl = _kernels.get(key)
+        if knl is None:
+            knl = _kernels[key] = getattr(prg, name)
+        if text is _sources.get(_name_of(text)):  # only for the package's own (long-lived) sources
+            _kernels[fast] = knl
     return knl
+
+
+def _name_of(text: str) -> str:
+    return next((n for n, t in _sources.items() if t is text), "")
 
 
 def clear() -> None:
