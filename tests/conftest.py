@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _is_opencl_gpu(name: str) -> bool:
     if not name.startswith("opencl"):
         return False
-    return "gpu" in registry().device(name).provider.aliases
+    return "opencl:gpu" in registry().device(name).provider.aliases
 
 
 @pytest.fixture
