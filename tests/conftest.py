@@ -42,7 +42,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _is_opencl_gpu(name: str) -> bool:
     if not name.startswith("opencl"):
         return False
-    return "opencl:gpu" in registry().device(name).provider.aliases
+    provider = registry().device(name).provider
+    return bool(getattr(provider, "is_gpu", False)) or "opencl:gpu" in provider.aliases
 
 
 @pytest.fixture
