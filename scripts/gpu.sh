@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the (offline) GPU machine for opruntime and run a command there.
 #
-#   scripts/gpu.sh                      # GPU tests, then the GPU benchmark suite
+#   scripts/gpu.sh                      # the GPU benchmark suites, then the GPU tests (logs in $OUT or out/)
 #   scripts/gpu.sh python3 my_check.py  # anything else, after the set-up
 #
 # Needs the pyopencl wheels in .whl/ (see ../shared/GPU.md) carried with the call; without them
@@ -24,5 +24,13 @@ if [ $# -gt 0 ]; then
 fi
 OUTDIR=${OUT:-out}
 mkdir -p "$OUTDIR"
+python3 -m opruntime.cli info > "$OUTDIR/info.txt" 2>&1
+# 1. the GPU benchmark suite on cuda:0, every candidate kernel timed, peers in the same run
+python3 -m opruntime.cli bench --suite gpu --kernels --device cuda:0 --json "$OUTDIR/bench-cuda.json" \
+  2>"$OUTDIR/bench-cuda.err" | tee "$OUTDIR/bench-cuda.txt"
+# 2. OpenCL and JAX on the GPU, beside cuda:0 (cuBLAS) in one process
+python3 -m opruntime.cli bench matmul softmax --shape 4096x4096,4096x4096 --shape 8192x8192 --kernels \
+  --device opencl:gpu --device jax:gpu --device cuda:0 --json "$OUTDIR/bench-cl-jax.json" 2>/dev/null \
+  | tee "$OUTDIR/bench-cl-jax.txt"
+# 3. the GPU tests
 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUTDIR/gpu-tests.log" | tail -30
-python3 -m opruntime.cli bench --suite gpu --json "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.txt"
