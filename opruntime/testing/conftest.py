@@ -3,42 +3,13 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import pytest
 
 from opruntime.plugins import registry
 
-from .hooks import device_plugin, plugin_kernels
+from .hooks import plugin_kernels
+from .plugin import selection
 from .problems import CASES, QUICK_CASES
-
-
-@dataclass(frozen=True)
-class Selection:
-    devices: tuple[str, ...]
-    plugins: tuple[str, ...]
-    configs: str
-    cases: str
-
-
-def _listed(config: pytest.Config, option: str, env: str) -> list[str]:
-    values = config.getoption(option, default=None) or []
-    if not values and os.environ.get(env):
-        values = [os.environ[env]]
-    return [v.strip() for item in values for v in item.split(",") if v.strip()]
-
-
-def selection(config: pytest.Config) -> Selection:
-    reg = registry()
-    devices = _listed(config, "opruntime_device", "OPRUNTIME_TEST_DEVICE")
-    names = tuple(reg.device(d).name for d in devices) if devices else tuple(d.name for d in reg.devices)
-    plugins = _listed(config, "opruntime_plugin", "OPRUNTIME_TEST_PLUGIN")
-    if not plugins:
-        plugins = list(dict.fromkeys(p for p in (device_plugin(reg.device(n)) for n in names) if p))
-    configs = config.getoption("opruntime_configs", default=None) or os.environ.get("OPRUNTIME_TEST_CONFIGS", "all")
-    cases = config.getoption("opruntime_cases", default=None) or os.environ.get("OPRUNTIME_TEST_CASES", "all")
-    return Selection(names, tuple(plugins), configs, cases)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -61,8 +32,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     elif "plugin_name" in names:
         metafunc.parametrize("plugin_name", sel.plugins)
     elif "device_name" in names:  # memory and frontend checks: the devices the checked plugins provide
-        own = [d for d in sel.devices if device_plugin(reg.device(d)) in sel.plugins]
-        metafunc.parametrize("device_name", own)
+        metafunc.parametrize("device_name", sel.own_devices)
 
 
 @pytest.fixture
