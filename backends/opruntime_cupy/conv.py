@@ -185,7 +185,10 @@ def _wino_gemm(problem: Problem, m: int) -> Problem:
 SIMT_EFF = {(64, 128, 16, 3): 0.40, (64, 128, 8, 3): 0.38, (128, 128, 8, 2): 0.35, (64, 64, 8, 8): 0.27,
             (128, 64, 8, 4): 0.27}
 MMA_EFF = {(128, 64): 0.105, (128, 128): 0.10, (64, 128): 0.09, (64, 64): 0.08}
-EFFICIENCY = {"depthwise": 0.5, "gemm32": 0.45, "gemm16": 0.013, "cols": 0.3, "transform": 0.6}
+# gemm32: `opruntime bench --suite gpu` on an H200 (2026-11-22) timed the 1x1 layer (32,256,56,64)
+# through cupy.matmul at 205-220 us back to back, 15-16 TFLOP/s = 0.23 of the fp32 peak (0.45 had
+# made the selector pick it over implicit GEMM's 147 us).
+EFFICIENCY = {"depthwise": 0.5, "gemm32": 0.23, "gemm16": 0.013, "cols": 0.3, "transform": 0.6}
 
 
 def _fill(cv: Conv, bm: int, bn: int, sms: int) -> float:
