@@ -232,3 +232,15 @@ def test_cli_tune_and_cache(tmp_path):
     assert "tuned earlier" in again.stdout
     bad = run("tune", "softmax", "--shape", "3x3,3x3")
     assert bad.returncode != 0 and "softmax takes x: give 1 to 1" in bad.stderr
+
+
+def test_host_bound_kernel_is_not_chosen_on_device_time_alone(fake, rng, monkeypatch):
+    from fake_backend import FakeDevice
+
+    monkeypatch.setattr(FakeDevice, "time", lambda self, fn, repeats=20, warmup=3: [fn(), 1e-7][1:] * repeats)
+    delays(fake, a=0.003, b=0.0, c=0.003)  # every kernel shows 0.1 us of "device time"; a and c sleep on the host
+    opr.configure(tune="autotune")
+    e = opr.explain("matmul", *operands(rng))
+    assert e.chosen == "fake.matmul.b"
+    measured = {c.kernel.name: c.measured for c in e.candidates}
+    assert measured["fake.matmul.a"] >= 0.003
