@@ -79,6 +79,11 @@ class JaxDevice(DeviceProvider):
             raise
 
     def to_host(self, data: Any) -> np.ndarray:
+        try:  # wait first: an allocation that failed surfaces here as an error, not as an abort in np.array
+            data.block_until_ready()
+        except Exception as exc:
+            self._oom(exc, f"computing a {tuple(data.shape)} {data.dtype} result")
+            raise
         return np.array(data, copy=True)  # a writable host copy (np.asarray may alias on the CPU)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:

@@ -20,7 +20,18 @@ from opruntime.errors import KernelCompileError
 _lock = threading.Lock()
 _sources: dict[str, str] = {}
 _programs: dict[tuple[int, str, tuple[str, ...]], Any] = {}  # -> Program, or the KernelCompileError
-_kernels: dict[tuple, Any] = {}  # (program id, name) and a per-call key without hashing -> pyopencl.Kernel
+# (program id, name) and a per-call key without hashing -> pyopencl.Kernel, one table per thread:
+# a kernel object carries its arguments (set_args), so threads sharing one would race.
+_local = threading.local()
+_generation = [0]  # bumped by clear(): every thread's table is then stale
+
+
+def _kernel_table() -> dict[tuple, Any]:
+    table = getattr(_local, "kernels", None)
+    if table is None or _local.generation != _generation[0]:
+        table = _local.kernels = {}
+        _local.generation = _generation[0]
+    return table
 
 
 def source(name: str) -> str:
@@ -81,16 +92,19 @@ def kernel(device: Any, text: str, defines: Mapping[str, Any], name: str, *, lab
            extra: tuple[str, ...] = ()) -> Any:
     """The ``pyopencl.Kernel`` called ``name`` from :func:`program` (cached: kernel objects are
     costly to create, and hashing the source on every call would cost more than a launch)."""
+    kernels = _kernel_table()
     fast = (id(device), id(text), len(text), tuple(defines.items()), name, extra)
-    knl = _kernels.get(fast)
+    knl = kernels.get(fast)
     if knl is None:
+        import pyopencl as cl
+
         prg = program(device, text, defines, label=label, extra=extra)
         key = (id(prg), name)
-        knl = _kernels.get(key)
+        knl = kernels.get(key)
         if knl is None:
-            knl = _kernels[key] = getattr(prg, name)
+            knl = kernels[key] = cl.Kernel(prg, name)
         if text is _sources.get(_name_of(text)):  # only for the package's own (long-lived) sources
-            _kernels[fast] = knl
+            kernels[fast] = knl
     return knl
 
 
@@ -102,4 +116,4 @@ def clear() -> None:
     """Forget every built program (tests)."""
     with _lock:
         _programs.clear()
-        _kernels.clear()
+        _generation[0] += 1
