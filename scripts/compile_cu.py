@@ -2,7 +2,7 @@
 """Compile every CUDA source of the backends for sm_90 and sm_80 (and sm_90a for the files that
 use Hopper-only instructions), without a GPU and without CuPy.
 
-    python scripts/compile_cu.py            # every backends/**/*.cu
+    python scripts/compile_cu.py            # every backends/**/*.cu and examples/**/*.cu
     python scripts/compile_cu.py -v         # also print each variant's registers / spills
     python scripts/compile_cu.py FILE.cu    # some files only
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
-    files = [f.resolve() for f in args.files] or sorted((ROOT / "backends").rglob("*.cu"))
+    files = [f.resolve() for f in args.files] or sorted((ROOT / "backends").rglob("*.cu")) + sorted((ROOT / "examples").rglob("*.cu"))
     if shutil.which("nvcc"):
         compiler, tool = nvcc, "nvcc"
     else:

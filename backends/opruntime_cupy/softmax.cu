@@ -1,4 +1,6 @@
-// softmax / log_softmax along one axis. One build per (DTYPE, FAMILY, tunables); each build has
+// softmax / log_softmax along one axis. log_softmax is (x - max) - log(sum): never x - (max + log(sum)),
+// which cancels to 0 for values near the float range's end.
+// One build per (DTYPE, FAMILY, tunables); each build has
 // two entry points, softmax_<family> and log_softmax_<family>.
 //
 // Defines (injected by softmax.py):
@@ -188,14 +190,14 @@ __device__ __forceinline__ void regs_rows(const T* __restrict__ x, T* __restrict
                 if (!LOG) v[r][i] = e;
             }
             s = row_sum<WIDTH>(s, red_sum);
-            const ACC k = LOG ? m + log_acc(s) : (ACC)1 / s;
+            const ACC k = LOG ? log_acc(s) : (ACC)1 / s;
 #pragma unroll
             for (int p = 0; p < PACKS; p++) {
                 const i64 col = ((i64)p * WIDTH + lane) * VEC;
                 if (row < rows && col < cols) {
                     Pack pk;
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) pk.v[e] = from_acc(LOG ? v[r][p * VEC + e] - k : v[r][p * VEC + e] * k);
+                    for (int e = 0; e < VEC; e++) pk.v[e] = from_acc(LOG ? (v[r][p * VEC + e] - m) - k : v[r][p * VEC + e] * k);
                     *reinterpret_cast<Pack*>(y + row * cols + col) = pk;
                 }
             }
@@ -264,14 +266,14 @@ __device__ __forceinline__ void online_rows(const T* __restrict__ x, T* __restri
         for (int w = 1; w < NWARPS; w++) stats_merge(m, s, red_m[w], red_s[w]);
         __syncthreads();  // red_* are rewritten by the next row
         s = finish_sum(m, s);
-        const ACC k = LOG ? m + log_acc(s) : (ACC)1 / s;
+        const ACC k = LOG ? log_acc(s) : (ACC)1 / s;
         T* yr = y + row * cols;
         for (i64 i = threadIdx.x; i < nvec; i += THREADS) {
             Pack pk = reinterpret_cast<const Pack*>(xr)[i];
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 const ACC v = to_acc(pk.v[e]);
-                pk.v[e] = from_acc(LOG ? v - k : exp_acc(v - m) * k);
+                pk.v[e] = from_acc(LOG ? (v - m) - k : exp_acc(v - m) * k);
             }
             reinterpret_cast<Pack*>(yr)[i] = pk;
         }
@@ -318,12 +320,12 @@ __device__ __forceinline__ void strided(const T* __restrict__ x, T* __restrict__
             __syncthreads();
         }
         s = finish_sum(m, s);
-        const ACC kk = LOG ? m + log_acc(s) : (ACC)1 / s;
+        const ACC kk = LOG ? log_acc(s) : (ACC)1 / s;
         if (i < inner) {
             T* yc = y + o * n * inner + i;
             for (i64 k = ty; k < n; k += TY) {
                 const ACC v = to_acc(xc[k * sn]);
-                yc[k * inner] = from_acc(LOG ? v - kk : exp_acc(v - m) * kk);
+                yc[k * inner] = from_acc(LOG ? (v - m) - kk : exp_acc(v - m) * kk);
             }
         }
     }
@@ -417,14 +419,14 @@ __device__ __forceinline__ void cluster_rows(const T* __restrict__ x, T* __restr
     s = 0;
 #pragma unroll
     for (int c = 0; c < CLUSTER; c++) s += ld_cluster(cta_sum, c);
-    const ACC k = LOG ? m + log_acc(s) : (ACC)1 / s;
+    const ACC k = LOG ? log_acc(s) : (ACC)1 / s;
 #pragma unroll
     for (int p = 0; p < PACKS; p++) {
         const i64 col = (((i64)p * CLUSTER + rank) * THREADS + threadIdx.x) * VEC;
         if (col < cols) {
             Pack pk;
 #pragma unroll
-            for (int e = 0; e < VEC; e++) pk.v[e] = from_acc(LOG ? v[p * VEC + e] - k : v[p * VEC + e] * k);
+            for (int e = 0; e < VEC; e++) pk.v[e] = from_acc(LOG ? (v[p * VEC + e] - m) - k : v[p * VEC + e] * k);
             *reinterpret_cast<Pack*>(y + row * cols + col) = pk;
         }
     }

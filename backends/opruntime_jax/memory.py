@@ -92,11 +92,11 @@ class JaxDevice(DeviceProvider):
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         import jax.numpy as jnp
 
-        try:
+        try:  # wait for it: on a GPU the allocation fails asynchronously, and must fail here
             if np.dtype(dtype) == np.float64:
                 with x64_scope():
-                    return jnp.zeros(shape, dtype, device=self.jdev)
-            return jnp.zeros(shape, dtype, device=self.jdev)
+                    return jnp.zeros(shape, dtype, device=self.jdev).block_until_ready()
+            return jnp.zeros(shape, dtype, device=self.jdev).block_until_ready()
         except Exception as exc:
             self._oom(exc, f"allocating {tuple(shape)} {dtype}")
             raise

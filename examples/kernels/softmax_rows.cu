@@ -2,6 +2,8 @@
 // threads per row. BLOCK is a tunable, injected as a #define line by the launcher; the default
 // lets the file compile on its own (CI compiles every .cu with nvcc).
 // A row of all -inf gives NaN, as the float64 reference does.
+
+#define NEG_INF __int_as_float(0xff800000)  // -inf without <math.h>: NVRTC has no host headers
 #ifndef BLOCK
 #define BLOCK 256
 #endif
@@ -22,7 +24,7 @@ __device__ float block_reduce(float v, float* scratch) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < BLOCK / 32 ? scratch[lane] : (MAX ? -INFINITY : 0.0f);
+    v = lane < BLOCK / 32 ? scratch[lane] : (MAX ? NEG_INF : 0.0f);
     v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();  // scratch is reused by the next reduction
     return v;
@@ -34,7 +36,7 @@ softmax_rows(const float* __restrict__ x, float* __restrict__ y, int cols) {
     const float* xr = x + (long long)blockIdx.x * cols;
     float* yr = y + (long long)blockIdx.x * cols;
 
-    float m = -INFINITY;
+    float m = NEG_INF;
     for (int i = threadIdx.x; i < cols; i += BLOCK) m = fmaxf(m, xr[i]);
     m = block_reduce<true>(m, scratch);
 

@@ -28,13 +28,15 @@ def check_kernel(kernel: Kernel, device: Device, cases: Sequence[Case] | None = 
     dtype and config, against the float64 reference.
 
     Args:
+        dtypes: the dtypes to try, among those the kernel declares (default: all it declares).
         configs: ``"all"`` (every config ``config_for`` / ``configs`` offers) or ``"first"`` (the
             one the heuristic uses).
     """
     rng = rng or np.random.default_rng()
     out: list[Finding] = []
     cases = CASES[kernel.op] if cases is None else cases
-    for dtype in [d for d in FLOAT_ORDER if d in set(dtypes or kernel.dtypes)]:
+    wanted = set(kernel.dtypes) if dtypes is None else set(dtypes) & set(kernel.dtypes)
+    for dtype in [d for d in FLOAT_ORDER if d in wanted]:
         declined = 0
         for case in cases:
             subject = f"{kernel.name} on {device.name}: {case.op} {case.id} {dtype}"
