@@ -91,6 +91,7 @@ class Result:
     kernel: str = ""
     time_s: float = math.nan
     direct_s: float = math.nan  # the chosen kernel called directly, without the frontend
+    select_s: float = math.nan  # a cache-hit selection: the call's key built and looked up
     rate: float = math.nan
     unit: str = ""
     peers: dict[str, float] = field(default_factory=dict)
@@ -145,7 +146,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
     """Benchmark one case on one device."""
     from .peers import PEERS
 
-    from .selector import plans  # noqa: F401  (the plan cache warms on the first call)
+    from .selector import plans
 
     op = OPS[case.op]
     rng = np.random.default_rng(0)
@@ -167,6 +168,8 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
             c = plan.order[0]
             views = [d.reshape(s) for d, s in zip(datas, plan.views)]
             res.direct_s = measure(lambda: c.kernel.run(problem, c.config, *views), prov.synchronize, repeats)
+        s = _settings()
+        res.select_s = measure(lambda: plans.get(op.key(s, device, datas, attrs)), _no_sync, repeats)
         flops = op.flops(problem)
         res.flops, res.bytes = flops, op.bytes(problem)
         if case.op in ("softmax", "log_softmax"):
@@ -197,6 +200,10 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
     return res
 
 
+def _no_sync() -> None:
+    return None
+
+
 def _bfloat16() -> np.dtype:
     import ml_dtypes
 
@@ -212,23 +219,25 @@ def _settings() -> Any:
 def format_table(results: Sequence[Result]) -> str:
     """A plain-text table: one row per case, then the candidate kernels indented."""
     peer_names = sorted({p for r in results for p in r.peers})
-    head = ["op", "problem", "dtype", "device", "kernel", "time", "rate", "overhead"] + [f"vs {p}" for p in peer_names]
+    head = ["op", "problem", "dtype", "device", "kernel", "time", "rate", "overhead", "select"] + \
+        [f"vs {p}" for p in peer_names]
     rows = []
     for r in results:
         if r.error:
-            rows.append([r.op, r.problem, r.dtype, r.device, "ERROR", r.error[:60], "", ""] + [""] * len(peer_names))
+            rows.append([r.op, r.problem, r.dtype, r.device, "ERROR", r.error[:60], "", "", ""] + [""] * len(peer_names))
             continue
         ratios = r.ratios()
         rows.append([r.op, r.problem, r.dtype, r.device, r.kernel, _t(r.time_s), f"{r.rate:,.1f} {r.unit}",
-                     _t(r.overhead_s) if math.isfinite(r.overhead_s) else "-"]
+                     _t(r.overhead_s) if math.isfinite(r.overhead_s) else "-", _t(r.select_s)]
                     + [f"{ratios[p]:.2f}x" if p in ratios else "-" for p in peer_names])
         for name, t in sorted(r.candidates.items(), key=lambda kv: kv[1]):
-            rows.append(["", "", "", "", f"  {name}", _t(t), f"{r.time_s / t:.2f}x of chosen" if t else "", ""]
+            rows.append(["", "", "", "", f"  {name}", _t(t), f"{r.time_s / t:.2f}x of chosen" if t else "", "", ""]
                         + [""] * len(peer_names))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)]) + \
-        "\n(vs X = X's time / opruntime's time: above 1 means opruntime is faster; overhead = opruntime call - direct kernel)"
+    legend = ("(vs X = X's time / opruntime's time: above 1 means opruntime is faster; overhead = opruntime call"
+              " - direct kernel;\n select = a cache-hit selection: the call's key built and looked up)")
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows), legend])
 
 
 def _t(s: float) -> str:
