@@ -9,7 +9,7 @@ EXTRAS ?= test,opencl,jax,docs,plot
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip "setuptools>=70.1" wheel
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
