@@ -35,8 +35,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {r.name:<8} {r.version or '-':<12} {r.status:<12} {extra}")
     print("\ndevices (best first; the first is the default):")
     for d in data["devices"]:
-        facts = ", ".join(f"{k}={v}" for k, v in d.items() if k not in ("name", "kind", "description", "priority"))
-        print(f"  {d['name']:<12} {d['description']}" + (f"  ({facts})" if facts else ""))
+        print(f"  {d['name']:<12} {d['description']}")
+        facts = [f"{k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in d.items()
+                 if k not in ("name", "kind", "description", "priority") and v not in ([], "", None)]
+        for fact in facts:
+            print(f"  {'':<12}   {fact if len(fact) <= 96 else fact[:93] + '...'}")
     for kind, reason in reg.unavailable.items():
         print(f"  {kind + ':*':<12} unavailable: {reason}")
     print("\nkernels:")

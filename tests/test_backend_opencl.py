@@ -22,7 +22,7 @@ from opruntime.ops import OPS
 from opruntime.plugins import registry
 
 pytest.importorskip("pyopencl", reason="pyopencl not installed")
-from opruntime_opencl import build, memory  # noqa: E402  (after the skip: imports nothing heavy)
+from opruntime_opencl import compile as cl_compile, memory  # noqa: E402  (after the skip: imports nothing heavy)
 
 
 def _opencl_devices() -> list:
@@ -241,7 +241,7 @@ class BrokenPlugin:
     @staticmethod
     def _run(problem, config, a, b):
         dev = memory.provider(problem.device)
-        build.kernel(dev, BROKEN, {"UNUSED": 1}, "broken", label="test.matmul.broken")
+        cl_compile.kernel(dev, BROKEN, {"UNUSED": 1}, "broken", label="test.matmul.broken")
         raise AssertionError("unreachable: the build fails")
 
     @opr.hookimpl
@@ -267,7 +267,7 @@ def test_build_failure_reports_log_and_falls_back(ocl, rng, broken_plugin):
         out = opr.matmul(a, b, device=ocl)
     assert rel_err(out.numpy(), OPS["matmul"].reference(a, b)) <= 1e-5
     with pytest.raises(KernelCompileError) as info:  # the cached failure, raised again with its log
-        build.kernel(ocl.provider, BROKEN, {"UNUSED": 1}, "broken", label="test.matmul.broken")
+        cl_compile.kernel(ocl.provider, BROKEN, {"UNUSED": 1}, "broken", label="test.matmul.broken")
     assert ocl.provider.description in info.value.device and "this_name_is_not_declared" in info.value.log
     with opr.override(strict=True), pytest.raises(KernelError, match="strict"):
         opr.matmul(random(rng, (3, 7), "float32"), b, device=ocl)

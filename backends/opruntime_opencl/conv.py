@@ -12,7 +12,7 @@ import numpy as np
 
 from opruntime.kernels import Kernel, Problem, itemsize
 
-from . import build
+from . import compile as cl_compile
 from .matmul import TYPES
 from .memory import OpenCLDevice, element_offset, kernel_dtypes, provider
 
@@ -29,7 +29,7 @@ DIRECT_CONFIGS: tuple[dict[str, int], ...] = (dict(WG=128),)
 
 
 def kernels() -> list[Kernel]:
-    src, dtypes = build.source("conv.cl"), kernel_dtypes()
+    src, dtypes = cl_compile.source("conv.cl"), kernel_dtypes()
     return [
         #       op        name                        kind      dtypes  run
         Kernel("conv2d", "opencl.conv2d.igemm", "opencl", dtypes, run_igemm, supports=supports_igemm,
@@ -85,7 +85,7 @@ def run_igemm(problem: Problem, config: Mapping[str, int], x: Any, w: Any, bias:
     g = problem.attrs["groups"]
     n, _, ho, wo = problem.out_shape
     defines = {"T": TYPES[problem.dtype][0], "ACC": TYPES[problem.dtype][1], **TYPES[problem.dtype][2], **config}
-    knl = build.kernel(dev, build.source("conv.cl"), defines, "conv_igemm", label="opencl.conv2d.igemm")
+    knl = cl_compile.kernel(dev, cl_compile.source("conv.cl"), defines, "conv_igemm", label="opencl.conv2d.igemm")
     rtm, rtn = config["TM"] // config["WPTM"], config["TN"] // config["WPTN"]
     gsize = (-(-n * ho * wo // config["TN"]) * rtn, -(-(o // g) // config["TM"]) * rtm, g)
     dev.launch(knl, gsize, (rtn, rtm, 1), *args, _table(dev, problem).base_data, np.int32(cg * kh * kw))
@@ -97,7 +97,7 @@ def run_direct(problem: Problem, config: Mapping[str, int], x: Any, w: Any, bias
     kh, kw = problem.shapes[1][2:]
     dh, dw = problem.attrs["dilation"]
     defines = {"T": TYPES[problem.dtype][0], "ACC": TYPES[problem.dtype][1], **TYPES[problem.dtype][2], "DIRECT": 1}
-    knl = build.kernel(dev, build.source("conv.cl"), defines, "conv_direct", label="opencl.conv2d.direct")
+    knl = cl_compile.kernel(dev, cl_compile.source("conv.cl"), defines, "conv_direct", label="opencl.conv2d.direct")
     dev.launch(knl, (math.prod(problem.out_shape),), (config["WG"],), *args, *map(np.int32, (kh, kw, dh, dw)))
     return out
 

@@ -16,12 +16,12 @@ import numpy as np
 
 from opruntime.kernels import Kernel, Problem, itemsize
 
-from . import build
+from . import compile as cl_compile
 from .memory import OpenCLDevice, elem_strides, element_offset, kernel_dtypes, provider
 
 
 def kernels() -> list[Kernel]:
-    src, dtypes = build.source("matmul.cl"), kernel_dtypes()
+    src, dtypes = cl_compile.source("matmul.cl"), kernel_dtypes()
     return [
         #       op        name                         kind      dtypes  run
         Kernel("matmul", "opencl.matmul.tiled", "opencl", dtypes, run_tiled, supports=supports_tiled,
@@ -121,7 +121,7 @@ def run_tiled(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> An
     vw = config["VW"]
     a_vec = lda % vw == 0 and not (ha % vw).any()
     b_vec = ldb % vw == 0 and not (hb % vw).any()
-    knl = build.kernel(dev, build.source("matmul.cl"), defines(problem.dtype, config), "gemm_tiled",
+    knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines(problem.dtype, config), "gemm_tiled",
                        label="opencl.matmul.tiled")
     rtsm, rtsn = config["TSM"] // config["WPTM"], config["TSN"] // config["WPTN"]
     gsize = (-(-n // config["TSN"]) * rtsn, -(-m // config["TSM"]) * rtsm, nb)
@@ -135,7 +135,7 @@ def run_tiled(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> An
 def run_simple(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> Any:
     dev, m, n, k, nb, a, lda, aoff, _, b, ldb, boff, _, out = _prepare(problem, a, b)
     ts = config["TS"]
-    knl = build.kernel(dev, build.source("matmul.cl"), defines(problem.dtype, config), "gemm_simple",
+    knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines(problem.dtype, config), "gemm_simple",
                        label="opencl.matmul.simple")
     i32 = np.int32
     dev.launch(knl, (n, m, nb), (ts, ts, 1), i32(m), i32(n), i32(k), a.base_data, aoff.base_data, i32(lda),
@@ -147,7 +147,7 @@ def run_vector(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> A
     dev, m, n, k, nb, a, lda, aoff, _, b, ldb, boff, _, out = _prepare(problem, a, b)
     vw = vector_width(problem.dtype)
     defines_ = {**defines(problem.dtype, {}), "MR": config["MR"], "NRV": config["NRV"], "VW": vw}
-    knl = build.kernel(dev, build.source("matmul.cl"), defines_, "gemm_vector", label="opencl.matmul.vector")
+    knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines_, "gemm_vector", label="opencl.matmul.vector")
     i32 = np.int32
     dev.launch(knl, (-(-n // (config["NRV"] * vw)), -(-m // config["MR"]), nb), (config["WGX"], config["WGY"], 1),
                i32(m), i32(n), i32(k), a.base_data, aoff.base_data, i32(lda), b.base_data, boff.base_data, i32(ldb),

@@ -18,7 +18,7 @@ import numpy as np
 from opruntime import DeviceProvider
 from opruntime.errors import OutOfMemoryError
 
-from . import build
+from . import compile as cl_compile
 
 #: device type -> (priority, alias); GPUs rank above the NumPy ``cpu`` (50), CPUs below it.
 PRIORITY = {"gpu": 70, "accelerator": 40, "cpu": 20}
@@ -165,7 +165,7 @@ class OpenCLDevice(DeviceProvider):
         shape = [1] * (MAX_COPY_RANK - len(shape)) + shape
         strides = [0] * (MAX_COPY_RANK - len(strides)) + strides
         word = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[data.dtype.itemsize]
-        knl = build.kernel(self, build.source("memory.cl"), {"W": word}, "strided_copy", label="opencl.copy")
+        knl = cl_compile.kernel(self, cl_compile.source("memory.cl"), {"W": word}, "strided_copy", label="opencl.copy")
         n = out.size
         self.launch(knl, (n,), (min(256, self.max_wg),), out.base_data, data.base_data,
                     np.int64(data.offset // data.dtype.itemsize), np.int64(n),

@@ -19,7 +19,7 @@ import numpy as np
 
 from opruntime.kernels import Kernel, Problem, itemsize
 
-from . import build
+from . import compile as cl_compile
 from .matmul import TYPES
 from .memory import OpenCLDevice, element_offset, kernel_dtypes, provider
 
@@ -33,7 +33,7 @@ MAX_NV = 16  # vectors per work-item held for a one-pass row; longer rows take t
 
 
 def kernels() -> list[Kernel]:
-    src, dtypes = build.source("softmax.cl"), kernel_dtypes()
+    src, dtypes = cl_compile.source("softmax.cl"), kernel_dtypes()
     out = []
     for op in ("softmax", "log_softmax"):
         out += [
@@ -78,7 +78,7 @@ def run_rows(problem: Problem, config: Mapping[str, int], x: Any) -> Any:
     if cfg["VW"] > 1 and xoff % cfg["VW"]:  # a misaligned view: scalar loads, same register budget
         cfg["NV"], cfg["VW"] = cfg["NV"] * cfg["VW"], 1
     out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
-    knl = build.kernel(dev, build.source("softmax.cl"), _defines(problem, cfg), "softmax_rows",
+    knl = cl_compile.kernel(dev, cl_compile.source("softmax.cl"), _defines(problem, cfg), "softmax_rows",
                        label=f"opencl.{problem.op}.rows")
     tpr, rpw = cfg["TPR"], cfg["RPW"]
     dev.launch(knl, (tpr, -(-rows // rpw) * rpw), (tpr, rpw), x.base_data, np.int64(xoff), out.base_data,
@@ -92,7 +92,7 @@ def run_columns(problem: Problem, config: Mapping[str, int], x: Any) -> Any:
     x, xoff = _input(dev, x)
     vw = config["VW"] if xoff % config["VW"] == 0 else 1
     out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
-    knl = build.kernel(dev, build.source("softmax.cl"), {**_defines(problem, {"VW": vw}), "COLUMNS": 1},
+    knl = cl_compile.kernel(dev, cl_compile.source("softmax.cl"), {**_defines(problem, {"VW": vw}), "COLUMNS": 1},
                        "softmax_columns", label=f"opencl.{problem.op}.columns")
     dev.launch(knl, (rows // vw,), (config["WG"],), x.base_data, np.int64(xoff), out.base_data,
                np.int32(rows), np.int32(length), np.int32(inner))
