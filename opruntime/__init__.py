@@ -24,5 +24,5 @@ __version__ = "0.1.0"
 __all__ = [
     "FLOATS", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "configure", "conv2d", "device",
     "devices", "errors", "explain", "hookimpl", "log_softmax", "matmul", "override", "register", "reload",
-    "softmax", "tensor", "trace", "unregister",
+    "registry", "softmax", "tensor", "trace", "unregister",
 ]

@@ -141,7 +141,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 datas = [t.data for t in random_tensors(case, dev)]
                 problem = op.problem(datas, dev, dict(case.attrs))[0]
                 if args.force:
-                    cache.tuning_cache().delete(selector.device_key(dev), tuning.problem_key(problem, s.bucket_for(case.op)))
+                    cache.tuning_cache().delete(tuning.device_key(dev), tuning.problem_key(problem, s.bucket_for(case.op)))
                 tuning.reporter = _Progress(f"{case.op} {case.label} {case.dtype} on {dev.name}")
                 t0 = time.perf_counter()
                 try:

@@ -16,6 +16,8 @@ A candidate that fails to build or run scores as unusable, with the reason kept.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import statistics
 import time
@@ -27,8 +29,11 @@ import numpy as np
 from .kernels import Problem, c_strides, itemsize
 
 if TYPE_CHECKING:
+    from .config import Settings
     from .devices import Device
     from .selector import Candidate
+
+log = logging.getLogger("opruntime")
 
 ROTATE_BELOW = 64 << 20  # problems smaller than this (bytes) fit in some cache: rotate input sets
 EARLY_STOP = 3.0  # stop timing a candidate this many times slower than the best so far
@@ -138,3 +143,75 @@ def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], 
                    key=lambda c: c.measured)
     rest = [c for c in ranked if c not in timed]
     return timed + rest
+
+
+def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[Candidate]) -> tuple[list[Candidate], str] | None:
+    """The order from the tuning cache, or (autotune) from timing the candidates now; None when neither."""
+    import sqlite3
+
+    from . import cache
+
+    key = problem_key(problem, s.bucket_for(problem.op))
+    fp = device_key(device)
+    store = entry = None
+    try:
+        store = cache.tuning_cache()
+        if s.tune == "autotune" or store.path.exists():
+            entry = store.get(fp, key)
+    except (OSError, sqlite3.Error) as exc:
+        log.warning("opruntime: tuning cache unusable (%s); selecting without it", exc)
+    if entry is not None:
+        match = [c for c in usable if c.kernel.name == entry.kernel and c.config == entry.config]
+        if match and match[0].kernel.source_hash == entry.source_hash:
+            times = {(r["kernel"], json.dumps(r["config"], sort_keys=True)): r for r in entry.candidates}
+            for c in usable:
+                r = times.get((c.kernel.name, json.dumps(c.config, sort_keys=True)))
+                if r is not None:
+                    c.measured = r.get("time_s")
+            rest = sorted((c for c in usable if c is not match[0]),
+                          key=lambda c: (c.measured if c.measured is not None else math.inf, c.cost))
+            when = time.strftime("%Y-%m-%d", time.localtime(entry.created))
+            return [match[0], *rest], f"tuned earlier ({when}; cached, {entry.time_s * 1e6:.1f} us)"
+    if s.tune != "autotune":
+        return None
+    order = autotune(problem, device, usable, budget_s=s.tune_budget, top_k=s.tune_top_k)
+    best = order[0] if order and order[0].measured is not None and math.isfinite(order[0].measured) else None
+    if best is None or best.status != "ok":
+        return None
+    n = sum(1 for c in order if c.measured is not None and math.isfinite(c.measured))
+    if store is not None:
+        try:
+            store.put(cache.Entry(fp, key, best.kernel.name, dict(best.config), best.kernel.source_hash, best.measured,
+                                  [_record(c) for c in order], device.name))
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("opruntime: could not write the tuning cache (%s)", exc)
+    usable_order = [c for c in order if not c.status.startswith("failed")]
+    return usable_order, f"tuned now: fastest of {n} timed ({best.measured * 1e6:.1f} us)"
+
+
+def _record(c: Candidate) -> dict[str, Any]:
+    measured = c.measured if c.measured is not None and math.isfinite(c.measured) else None
+    return {"kernel": c.kernel.name, "config": dict(c.config), "time_s": measured, "status": c.status,
+            "vendor": c.kernel.vendor}
+
+
+_device_keys: dict[str, str] = {}
+
+
+def forget_devices() -> None:
+    """Forget the device keys (the registry was rebuilt)."""
+    _device_keys.clear()
+
+
+def device_key(device: Device) -> str:
+    """The tuning-cache key of a device: its fingerprint plus the providing backend's version."""
+    key = _device_keys.get(device.name)
+    if key is None:
+        from . import cache
+        from .plugins import registry
+
+        rec = registry().plugin_of(device.name)
+        fp = {**device.provider.fingerprint(), "kind": device.kind,
+              "backend": f"{rec.name} {rec.version}" if rec else ""}
+        key = _device_keys[device.name] = cache.fingerprint_key(fp)
+    return key

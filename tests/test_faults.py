@@ -334,7 +334,7 @@ def _poison(cache_dir, rng, **row):
     """A valid cache holding one row for the cpu matmul problem of ``operands``, with ``row`` overriding fields."""
     a, b = operands(rng)
     problem = opr.explain("matmul", a, b, device="cpu").problem
-    values = {"device": selector.device_key(opr.Device("cpu")),
+    values = {"device": tuning.device_key(opr.Device("cpu")),
               "problem": tuning.problem_key(problem, settings().bucket_for("matmul")),
               "kernel": "numpy.matmul.blas", "config": "{}",
               "source_hash": registry().kernels["numpy.matmul.blas"].source_hash, "time_s": 1e-6,

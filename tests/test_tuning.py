@@ -160,7 +160,7 @@ def test_truncated_cache_is_moved_aside(fake, rng):
     forget_decisions()
     with pytest.warns(FallbackWarning, match="not a valid cache"):
         opr.matmul(*operands(rng, m=9))
-    assert cache.tuning_cache().get(selector.device_key(opr.Device("fake:0")), "nothing") is None
+    assert cache.tuning_cache().get(tuning.device_key(opr.Device("fake:0")), "nothing") is None
 
 
 def test_export_import(fake, rng, tmp_path):
