@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import functools
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -26,29 +26,15 @@ import traceback
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX must leave memory to the others
 
 import numpy as np
+from opruntime.bench import measure as bench_measure
 
 SOFTMAX_SHAPES = [(4096, 4096), (8192, 8192), (32768, 1024), (1024, 32768), (65536, 128)]
 RESNET = [(32, 64, 56, 64, 3, 1, 1), (32, 256, 56, 64, 1, 1, 0), (32, 128, 28, 128, 3, 1, 1),
           (32, 256, 14, 256, 3, 1, 1), (32, 3, 224, 64, 7, 2, 3)]
 
 
-def measure(fn, sync, repeats: int = 7, batch_s: float = 0.01) -> float:
-    """Median seconds per call over batches of back-to-back calls (warm-up first)."""
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    one = time.perf_counter() - t0
-    n = max(2, min(4000, int(batch_s / max(one, 1e-7))))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        times.append((time.perf_counter() - t0) / n)
-    return statistics.median(times)
+# the project's own timing (opruntime.bench.measure), with longer batches
+measure = functools.partial(bench_measure, repeats=7, batch_s=0.01)
 
 
 def rotating(arrays):

@@ -2,32 +2,7 @@
 // problem description passed by value (one kernel argument, filled by conv.py).
 //   DTYPE 0 float32, 1 float16, 2 bfloat16 (both accumulated in float32), 3 float64
 #pragma once
-#ifndef DTYPE
-#define DTYPE 0  // defaults let every file build on its own (CI compiles each one)
-#endif
-#include "common.cuh"
-
-#if DTYPE == 3
-typedef double T;
-typedef double ACC;
-__device__ __forceinline__ ACC to_acc(T v) { return v; }
-__device__ __forceinline__ T from_acc(ACC v) { return v; }
-#else
-typedef float ACC;
-#if DTYPE == 0
-typedef float T;
-__device__ __forceinline__ ACC to_acc(T v) { return v; }
-__device__ __forceinline__ T from_acc(ACC v) { return v; }
-#elif DTYPE == 1
-typedef bits16 T;
-__device__ __forceinline__ ACC to_acc(T v) { return f16_to_f32(v); }
-__device__ __forceinline__ T from_acc(ACC v) { return f32_to_f16(v); }
-#else
-typedef bits16 T;
-__device__ __forceinline__ ACC to_acc(T v) { return bf16_to_f32(v); }
-__device__ __forceinline__ T from_acc(ACC v) { return f32_to_bf16(v); }
-#endif
-#endif
+#include "dtype.cuh"
 
 // One convolution as the implicit GEMM sees it, per group g:
 //   y[n, g*kg + m, p, q] = sum_{crs} w[g*kg + m, crs] * x[n, g*cg + c, p*str_h - pad_t + r*dil_h, q*str_w - pad_l + s*dil_w]

@@ -49,29 +49,12 @@
 #define CLUSTER 2
 #endif
 
+#include "dtype.cuh"
 #if DTYPE == 3
-typedef double T;
-typedef double ACC;
-__device__ __forceinline__ ACC to_acc(T v) { return v; }
-__device__ __forceinline__ T from_acc(ACC v) { return v; }
 __device__ __forceinline__ ACC exp_acc(ACC v) { return exp(v); }
 __device__ __forceinline__ ACC log_acc(ACC v) { return log(v); }
 #define NEG_INF (-__longlong_as_double(0x7ff0000000000000LL))
 #else
-typedef float ACC;
-#if DTYPE == 0
-typedef float T;
-__device__ __forceinline__ ACC to_acc(T v) { return v; }
-__device__ __forceinline__ T from_acc(ACC v) { return v; }
-#elif DTYPE == 1
-typedef bits16 T;
-__device__ __forceinline__ ACC to_acc(T v) { return f16_to_f32(v); }
-__device__ __forceinline__ T from_acc(ACC v) { return f32_to_f16(v); }
-#else
-typedef bits16 T;
-__device__ __forceinline__ ACC to_acc(T v) { return bf16_to_f32(v); }
-__device__ __forceinline__ T from_acc(ACC v) { return f32_to_bf16(v); }
-#endif
 __device__ __forceinline__ ACC exp_acc(ACC v) { return __expf(v); }
 __device__ __forceinline__ ACC log_acc(ACC v) { return logf(v); }
 #define NEG_INF (-__int_as_float(0x7f800000))
