@@ -141,6 +141,24 @@ def _bool(value: Any, where: str, key: str) -> bool:
     raise ConfigError(f"{where}: {key!r} must be true or false (or 1/0), got {value!r}")
 
 
+def _choice(value: Any, allowed: tuple[str, ...], where: str, key: str) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{where}: {key!r} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _number(value: Any, kind: type, above: float, what: str, where: str, key: str) -> Any:
+    """``value`` as ``kind`` (float or int) when it is one and greater than ``above``."""
+    try:
+        number = kind(value)
+        ok = not isinstance(value, bool) and number > above and (kind is float or str(number) == str(value).strip())
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{where}: {key!r} must be {what}, got {value!r}")
+    return number
+
+
 def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Validate one source's raw mapping into settings fields. ``where`` names the source."""
     out: dict[str, Any] = {}
@@ -149,36 +167,18 @@ def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(KEYS)}")
         if key in ("device", "plugins"):
             out[key] = _names(value, where, key)
-        elif key == "tune":
-            if value not in TUNE_MODES:
-                raise ConfigError(f"{where}: 'tune' must be one of {', '.join(TUNE_MODES)}, got {value!r}")
-            out[key] = value
+        elif key in ("tune", "bucket"):
+            out[key] = _choice(value, TUNE_MODES if key == "tune" else BUCKETS, where, key)
         elif key == "strict":
             out[key] = _bool(value, where, key)
         elif key == "cache_dir":
             if not isinstance(value, (str, os.PathLike)):
                 raise ConfigError(f"{where}: 'cache_dir' must be a directory path, got {value!r}")
             out[key] = str(Path(value).expanduser())
-        elif key == "bucket":
-            if value not in BUCKETS:
-                raise ConfigError(f"{where}: 'bucket' must be one of {', '.join(BUCKETS)}, got {value!r}")
-            out[key] = value
         elif key == "tune_budget":
-            try:
-                budget = float(value)
-            except (TypeError, ValueError):
-                budget = -1.0
-            if isinstance(value, bool) or not budget > 0:
-                raise ConfigError(f"{where}: 'tune_budget' must be a number of seconds > 0, got {value!r}")
-            out[key] = budget
+            out[key] = _number(value, float, 0.0, "a number of seconds > 0", where, key)
         elif key == "tune_top_k":
-            try:
-                k = int(value)
-            except (TypeError, ValueError):
-                k = 0
-            if isinstance(value, bool) or k < 1 or str(k) != str(value).strip():
-                raise ConfigError(f"{where}: 'tune_top_k' must be an int >= 1, got {value!r}")
-            out[key] = k
+            out[key] = _number(value, int, 0, "an int >= 1", where, key)
         elif key == "ops":
             out[key] = _parse_ops(value, where)
     return out
@@ -206,8 +206,8 @@ def _parse_ops(value: Any, where: str) -> dict[str, OpSettings]:
             raise ConfigError(f"{where}: 'ops.{op}.kernel' must be a kernel name, got {kernel!r}")
         device = _names(table["device"], where, f"ops.{op}.device") if "device" in table else ()
         bucket = table.get("bucket")
-        if bucket is not None and bucket not in BUCKETS:
-            raise ConfigError(f"{where}: 'ops.{op}.bucket' must be one of {', '.join(BUCKETS)}, got {bucket!r}")
+        if bucket is not None:
+            bucket = _choice(bucket, BUCKETS, where, f"ops.{op}.bucket")
         ops[op] = OpSettings(device, kernel, bucket)
     return ops
 

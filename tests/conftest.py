@@ -7,8 +7,8 @@ import pytest
 
 import opruntime as opr
 from opruntime.plugins import registry
-
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
+from opruntime.testing.numerics import TOLERANCE, rel_err  # noqa: F401  (the one definition, re-exported to tests)
+from opruntime.testing.numerics import random_array as random  # noqa: F401
 
 
 def _devices() -> list[str]:
@@ -64,28 +64,6 @@ def dtypes_on(device: opr.Device, op: str) -> set[str]:
 def skip_unless_dtype(device: opr.Device, op: str, dtype: str) -> None:
     if dtype not in dtypes_on(device, op):
         pytest.skip(f"no {op} kernel computes {dtype} on {device.name}")
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    """||out - ref|| / ||ref||, NaN-aware: matching NaN/inf positions compare equal, others fail."""
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    assert out.shape == ref.shape, f"shape {out.shape} != reference {ref.shape}"
-    special = ~np.isfinite(ref)
-    if special.any():
-        assert np.array_equal(np.isnan(out[special]), np.isnan(ref[special])), "NaN positions differ"
-        assert np.array_equal(out[special & ~np.isnan(ref)], ref[special & ~np.isnan(ref)]), "inf positions differ"
-    o, r = out[~special], ref[~special]
-    if not np.isfinite(o).all():
-        return float("inf")
-    denom = np.linalg.norm(r)
-    return float(np.linalg.norm(o - r) / denom) if denom else float(np.linalg.norm(o - r))
-
-
-def random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """Random normal values, never zeros, in ``dtype`` (bfloat16 through ml_dtypes)."""
-    x = rng.standard_normal(shape)
-    return x.astype(np.dtype(dtype))
 
 
 @pytest.fixture
