@@ -1,0 +1,54 @@
+"""The NumPy backend's conv2d im2col path at every column-buffer budget: one chunk, several
+chunks with a remainder, and chunks of one image, with every attribute, against float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import TOLERANCE, random, rel_err
+
+from opruntime.kernels import c_strides, Problem
+from opruntime.ops import OPS
+from opruntime_numpy import conv
+
+
+def _problem(shapes, dtype, **attrs) -> Problem:
+    norm = OPS["conv2d"].normalize([tuple(s) for s in shapes], dict(attrs))
+    return Problem("conv2d", "cpu", norm.shapes, (dtype,) * len(shapes), tuple(c_strides(s) for s in norm.shapes),
+                   norm.attrs, norm.out_shape, dtype)
+
+
+ATTRS = [
+    dict(),
+    dict(stride=2, padding=1),
+    dict(stride=(2, 1), padding=(0, 2), dilation=(1, 2), groups=3),
+    dict(padding="same", dilation=2),
+]
+
+
+@pytest.mark.parametrize("attrs", ATTRS, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()) or "plain")
+@pytest.mark.parametrize("images_per_chunk", [1, 2, 5, None])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_im2col_chunks(rng, attrs, images_per_chunk, dtype):
+    x = random(rng, (5, 6, 11, 9), dtype)
+    w = random(rng, (9, 6 // attrs.get("groups", 1), 3, 3), dtype)
+    b = random(rng, (9,), dtype)
+    p = _problem([x.shape, w.shape, b.shape], dtype, **attrs)
+    n, _, ho, wo = p.out_shape
+    per_image = 6 * 9 * ho * wo * np.dtype(conv.compute_dtype(dtype)).itemsize
+    budget = None if images_per_chunk is None else images_per_chunk * per_image + per_image // 2
+    out = conv.im2col(p, {"cols_bytes": budget}, x, w, b)
+    assert out.dtype == np.dtype(dtype) and out.shape == p.out_shape
+    assert rel_err(out, OPS["conv2d"].reference(x, w, b, **attrs)) < TOLERANCE[dtype]
+
+
+def test_im2col_budget_smaller_than_one_image(rng):
+    x, w = random(rng, (3, 4, 7, 7), "float32"), random(rng, (2, 4, 3, 3), "float32")
+    p = _problem([x.shape, w.shape], "float32", padding=1)
+    out = conv.im2col(p, {"cols_bytes": 1}, x, w)
+    assert rel_err(out, OPS["conv2d"].reference(x, w, padding=1)) < TOLERANCE["float32"]
+
+
+def test_im2col_configs_offered():
+    kernel = next(k for k in conv.kernels() if k.name == "numpy.conv2d.im2col")
+    assert {c["cols_bytes"] for c in kernel.configs} >= {None, 4 << 20}
