@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import TOLERANCE, random, rel_err
-
-from opruntime.kernels import c_strides, Problem
-from opruntime.ops import OPS
 from opruntime_numpy import conv
+
+from opruntime.kernels import Problem, c_strides
+from opruntime.ops import OPS
 
 
 def _problem(shapes, dtype, **attrs) -> Problem:
