@@ -125,6 +125,11 @@ class Kernel:
             candidates when nothing is tuned; lower wins.
         configs: tunable parameter sets; the heuristic uses the first, the tuner times them all.
             ``config_for(problem)`` may narrow them per problem.
+        prepare: optional ``prepare(problem, config) -> launch``: what ``run`` would look up on
+            every call, done once. ``launch(*arrays)`` must return what ``run(problem, config,
+            *arrays)`` returns and raise what it raises. The plan calls it after ``run`` first
+            succeeded on the problem (so compiling stays in ``run``); without it the plan calls
+            ``run`` with the problem and config bound.
         vendor: True for vendor-library baselines (cuBLAS, XLA's own ops).
         source: the device source text or anything that identifies the implementation
             version; its hash invalidates tuning results when the kernel changes.
@@ -139,6 +144,7 @@ class Kernel:
     cost: Callable[[Problem, Mapping[str, Any]], float] | None = None
     configs: tuple[Mapping[str, Any], ...] = ({},)
     config_for: Callable[[Problem], Sequence[Mapping[str, Any]]] | None = None
+    prepare: Callable[[Problem, Mapping[str, Any]], Callable[..., Any]] | None = None
     vendor: bool = False
     source: str = ""
 

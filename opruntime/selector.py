@@ -19,11 +19,12 @@ the next candidate runs; in strict mode the error is raised instead.
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import math
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -196,22 +197,41 @@ class Plan:
         """The kernel that runs now (None for a trivial problem)."""
         return self.order[0].kernel if self.order else None
 
-    def _fast(self) -> tuple[Any, ...] | None:
-        c = self.order[0] if self.order else None
-        return (c.kernel.run, self.problem, c.config, self.device) if c else None
+    def _fast(self) -> Callable[..., Any] | None:
+        """The hot path's ``launch(*arrays)``: the first kernel's ``run`` bound to the problem and
+        config, swapped after its first success for what the kernel's ``prepare`` returns."""
+        if not self.order:
+            return None
+        c = self.order[0]
+        kernel, problem, config = c.kernel, self.problem, c.config
+        plain = functools.partial(kernel.run, problem, config)
+        if kernel.prepare is None:
+            return plain
+
+        def first(*datas: Any) -> Any:
+            out = plain(*datas)  # compiles and checks as every first call does
+            if self.fast is first:
+                try:
+                    self.fast = kernel.prepare(problem, config)
+                except Exception as exc:  # a backend bug: the plain path still answers right
+                    log.warning("%s: prepare failed (%s: %s); calls go through run", kernel.name,
+                                type(exc).__name__, exc)
+                    self.fast = plain
+            return out
+
+        return first
 
     def __call__(self, datas: list[Any]) -> Tensor:
         fast = self.fast
         if fast is not None and not _tracing:  # the hot path: no casts, no reshapes, no trace
-            run, problem, config, dev = fast
             try:
-                out = run(problem, config, *datas)
+                out = fast(*datas)
             except (MemoryError, DeviceUnavailableError) as exc:
                 raise _fatal(self, exc)
             except Exception as exc:
                 out = self._fallback(datas, exc)
             t = _new_tensor(Tensor)
-            t.data, t.device = out, dev
+            t._data, t._device, t._key = out, self.device, None
             return t
         if _tracing:
             return self._traced(datas)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -15,24 +16,39 @@ class Tensor:
 
     The native array (a NumPy, CuPy, pyopencl or JAX array) is ``t.data``; ``t.numpy()``
     copies to the host. Tensors are created with :func:`opruntime.tensor` or returned by
-    operators; they are not meant to be mutated in place.
+    operators. ``data`` and ``device`` are read-only (the call path keeps each Tensor's cache key);
+    writing into the array's elements is the caller's business, as with any array.
     """
 
-    __slots__ = ("data", "device")
-
-    data: Any
-    device: Device
+    __slots__ = ("_data", "_device", "_key")
 
     def __init__(self, data: Any, device: Device | str | None = None, dtype: Any = None) -> None:
         t = tensor(data, device=device, dtype=dtype)
-        self.data, self.device = t.data, t.device
+        self._data, self._device, self._key = t._data, t._device, None
 
     @classmethod
     def _wrap(cls, data: Any, device: Device) -> Tensor:
         t = object.__new__(cls)
-        t.data = data
-        t.device = device
+        t._data, t._device, t._key = data, device, None
         return t
+
+    @property
+    def data(self) -> Any:
+        """The native array (NumPy, CuPy, pyopencl or JAX), read-only: a Tensor never changes."""
+        return self._data
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    def _signature(self) -> int:
+        """This operand's part of a plan-cache key: :func:`signature_id` of (device name, shape,
+        dtype, strides), computed on the first call that uses the Tensor and kept."""
+        k = self._key
+        if k is None:
+            d = self._data
+            k = self._key = signature_id((self._device.name, d.shape, d.dtype, getattr(d, "strides", None)))
+        return k
 
     # -- array facts ----------------------------------------------------------------------
     @property
@@ -86,6 +102,25 @@ class Tensor:
             body = np.array2string(self.numpy(), separator=", ", prefix="       ", threshold=20, edgeitems=3)
             return f"{head},\n       {body})"
         return head + ")"
+
+
+_SIGNATURES: dict[tuple, int] = {}
+_next_signature = itertools.count(1).__next__
+
+
+def signature_id(fragment: tuple) -> int:
+    """A small int standing for one operand's (device name, shape, dtype, strides).
+
+    Plan-cache keys hold these instead of the tuples: an int hashes at once, a shape and a dtype
+    do not. Ids are never reused (the table may start over; a fragment then gets a new id, so an
+    old Tensor's id can only miss, never find another problem's plan).
+    """
+    i = _SIGNATURES.get(fragment)
+    if i is None:
+        if len(_SIGNATURES) >= 1 << 16:
+            _SIGNATURES.clear()
+        i = _SIGNATURES.setdefault(fragment, _next_signature())
+    return i
 
 
 def tensor(data: Any, device: Device | str | None = None, dtype: Any = None) -> Tensor:

@@ -117,7 +117,8 @@ class JitKernel:
 
     ``JitKernel(name, build).run`` is the kernel's ``run(problem, config, *arrays)``: a plain
     closure (cheaper to call than a method) that finds the jitted function by the problem's
-    identity and calls it; ``run.jit`` leads back here.
+    identity and calls it; ``run.jit`` leads back here. ``prepare`` hands a plan the jitted
+    function itself; ``Kernel(..., **JitKernel(name, build).callables())`` sets both.
     """
 
     __slots__ = ("build", "fast", "jitted", "name", "run")
@@ -142,6 +143,25 @@ class JitKernel:
         run.jit = self  # type: ignore[attr-defined]
         run.__qualname__ = run.__name__ = f"run[{name}]"
         self.run = run
+
+    def callables(self) -> dict[str, Callable[..., Any]]:
+        """``run`` and ``prepare`` for the :class:`~opruntime.kernels.Kernel` record."""
+        return {"run": self.run, "prepare": self.prepare}
+
+    def prepare(self, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
+        """The jitted function of this problem (compiled by ``run`` already), called with nothing
+        around it but the out-of-memory translation."""
+        fn = self.jitted.get(self.static_key(problem, config)) or self._compile(problem, config)
+        name = self.name
+
+        def launch(*arrays: Any) -> Any:
+            try:
+                return fn(*arrays)
+            except Exception as exc:
+                _raise_oom(exc, name, problem)
+                raise
+
+        return launch
 
     def static_key(self, problem: Problem, config: Mapping[str, Any]) -> tuple:
         import jax

@@ -41,6 +41,6 @@ def xla_cost(problem: Problem, config: Any) -> float:
 def kernels() -> list[Kernel]:
     return [
         #       op        name                 kind   dtypes  run
-        Kernel("conv2d", "jax.conv2d.xla", "jax", FLOATS, JitKernel("jax.conv2d.xla", build_xla).run,
+        Kernel("conv2d", "jax.conv2d.xla", "jax", FLOATS, **JitKernel("jax.conv2d.xla", build_xla).callables(),
                cost=xla_cost, vendor=True, source="lax.conv_general_dilated NCHW/OIHW precision=HIGHEST for f32/f64"),
     ]

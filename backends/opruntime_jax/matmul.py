@@ -74,10 +74,10 @@ def pallas_configs(problem: Problem) -> list[dict[str, Any]]:
 def kernels() -> list[Kernel]:
     return [
         #       op        name                         kind   dtypes         run
-        Kernel("matmul", "jax.matmul.xla", "jax", FLOATS, JitKernel("jax.matmul.xla", build_xla).run,
+        Kernel("matmul", "jax.matmul.xla", "jax", FLOATS, **JitKernel("jax.matmul.xla", build_xla).callables(),
                cost=xla_cost, vendor=True, source="jnp.matmul precision=HIGHEST for f32/f64"),
         Kernel("matmul", "jax.matmul.pallas_blocked", "jax", PALLAS_FLOATS,
-               JitKernel("jax.matmul.pallas_blocked", pallas_matmul.build).run,
+               **JitKernel("jax.matmul.pallas_blocked", pallas_matmul.build).callables(),
                supports=pallas_matmul.supports, cost=pallas_cost, config_for=pallas_configs,
                configs=({"bm": 64, "bn": 64, "bk": 32},), source=_source(pallas_matmul)),
     ]

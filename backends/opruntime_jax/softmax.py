@@ -61,10 +61,10 @@ def kernels() -> list[Kernel]:
         xla, pallas = f"jax.{op}.xla", f"jax.{op}.pallas_rows"
         table += [
             #      op  name    kind   dtypes  run
-            Kernel(op, xla, "jax", FLOATS, JitKernel(xla, functools.partial(build_xla, log=log)).run,
+            Kernel(op, xla, "jax", FLOATS, **JitKernel(xla, functools.partial(build_xla, log=log)).callables(),
                    cost=xla_cost, vendor=True, source=f"jax.nn.{op}, half types in float32"),
             Kernel(op, pallas, "jax", PALLAS_FLOATS,
-                   JitKernel(pallas, functools.partial(pallas_softmax.build, log=log)).run,
+                   **JitKernel(pallas, functools.partial(pallas_softmax.build, log=log)).callables(),
                    supports=pallas_softmax.supports, cost=pallas_cost, config_for=pallas_softmax.configs,
                    configs=({"block_rows": 1},), source=src),
         ]

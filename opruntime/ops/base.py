@@ -23,7 +23,7 @@ from ..devices import Device
 from ..errors import DeviceMismatchError, DtypeError
 from ..kernels import Attrs, Problem, c_strides
 from ..plugins import registry
-from ..tensor import Tensor
+from ..tensor import Tensor, signature_id
 
 #: Computation dtypes, narrow to wide. Mixed operands promote to the widest; float16 with
 #: bfloat16 promotes to float32 (neither holds the other). Integer and bool arrays are rejected;
@@ -87,25 +87,31 @@ class Operator(abc.ABC):
 
     # -- the call path ----------------------------------------------------------------------
     def __call__(self, *inputs: Any, device: Any = None, **attrs: Any) -> Tensor:
+        return self.call(inputs, device, tuple(attrs.items()))
+
+    def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any], ...]) -> Tensor:
+        """Run the operator on ``inputs`` with attributes ``attrs`` (name, value pairs).
+
+        The hot path (no ``device=``, every operand a Tensor or a NumPy array, a plan cached) builds
+        the key from each Tensor's kept signature id and calls the plan; anything else places the
+        operands, validates and plans (once per distinct call)."""
         s = settings()
         fast_key = None
-        if device is None:  # the hot path: Tensors and NumPy arrays, a plan already cached
-            key: list[Any] = [self.name, s]
+        if device is None:
+            key: list[Any] = [self.name, s, attrs]
             datas = []
             for x in inputs:
                 cls = x.__class__
                 if cls is Tensor:
-                    d = x.data
-                    key += (x.device.name, d.shape, d.dtype, getattr(d, "strides", None))
+                    k = x._key
+                    key.append(k if k is not None else x._signature())
+                    datas.append(x._data)
                 elif cls is np.ndarray:
-                    d = x
-                    key += (None, d.shape, d.dtype, d.strides)  # host data: placed by the plan
+                    key.append((None, x.shape, x.dtype, x.strides))  # host data: placed by the plan
+                    datas.append(x)
                 else:
                     break
-                datas.append(d)
             else:
-                if attrs:
-                    key += attrs.items()
                 try:
                     plan = selector.plans.get(key := tuple(key))
                 except TypeError:
@@ -113,25 +119,25 @@ class Operator(abc.ABC):
                 if plan is not None:
                     return plan(datas)
                 fast_key = key
+        adict = dict(attrs)
         datas, dev = place(self.name, self.operands, inputs, device, s)
-        key = self.key(s, dev, datas, attrs)
+        key = self.key(s, dev, datas, adict)
         try:
             plan = selector.plans.get(key)
         except TypeError:  # an unhashable attribute (a list): validate and normalise every time
-            return self.plan(datas, dev, attrs, s)(datas)
+            return self.plan(datas, dev, adict, s)(datas)
         if plan is None:
-            plan = selector.plans[key] = self.plan(datas, dev, attrs, s)
+            plan = selector.plans[key] = self.plan(datas, dev, adict, s)
         if fast_key is not None and fast_key != key:  # host operands: remember how they are placed
             selector.plans[fast_key] = plan.placing(tuple(x.__class__ is np.ndarray for x in inputs))
         return plan(datas)
 
     def key(self, s: Any, dev: Device, datas: list[Any], attrs: dict[str, Any]) -> tuple:
-        """The plan-cache key of a call (hashing it raises TypeError for unhashable attributes)."""
-        key = [self.name, s]
-        for d in datas:  # the same layout as the hot path in __call__
-            key += (dev.name, d.shape, d.dtype, getattr(d, "strides", None))
-        if attrs:
-            key += attrs.items()
+        """The plan-cache key of a call on device arrays (hashing it raises TypeError for
+        unhashable attributes); the same key as the hot path builds from Tensors."""
+        key = [self.name, s, tuple(attrs.items())]
+        for d in datas:
+            key.append(signature_id((dev.name, d.shape, d.dtype, getattr(d, "strides", None))))
         return tuple(key)
 
     def problem(self, datas: list[Any], dev: Device, attrs: dict[str, Any]) -> tuple[Problem, Normalized, tuple[bool, ...]]:

@@ -135,6 +135,5 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, 
     Raises:
         ShapeError, AttributeValueError, DtypeError, DeviceMismatchError: see the module doc.
     """
-    if bias is None:
-        return CONV2D(x, w, device=device, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    return CONV2D(x, w, bias, device=device, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    attrs = (("stride", stride), ("padding", padding), ("dilation", dilation), ("groups", groups))
+    return CONV2D.call((x, w) if bias is None else (x, w, bias), device, attrs)

@@ -74,4 +74,4 @@ def matmul(a: Any, b: Any, *, device: Any = None) -> Any:
         DtypeError: integer or bool arrays, or a dtype no kernel on the device computes.
         DeviceMismatchError: operands on two devices.
     """
-    return MATMUL(a, b, device=device)
+    return MATMUL.call((a, b), device, ())

@@ -60,9 +60,9 @@ def softmax(x: Any, axis: int = -1, *, device: Any = None) -> Any:
         ShapeError: a 0-D input.  AttributeValueError: an axis out of range.
         DtypeError: integer input or a dtype the device cannot compute.
     """
-    return SOFTMAX(x, device=device, axis=axis)
+    return SOFTMAX.call((x,), device, (("axis", axis),))
 
 
 def log_softmax(x: Any, axis: int = -1, *, device: Any = None) -> Any:
     """``x - logsumexp(x)`` along ``axis``, computed stably. Errors as :func:`softmax`."""
-    return LOG_SOFTMAX(x, device=device, axis=axis)
+    return LOG_SOFTMAX.call((x,), device, (("axis", axis),))
