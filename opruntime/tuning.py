@@ -22,7 +22,6 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,7 +37,6 @@ log = logging.getLogger("opruntime")
 
 ROTATE_BELOW = 64 << 20  # problems smaller than this (bytes) fit in some cache: rotate input sets
 EARLY_STOP = 3.0  # stop timing a candidate this many times slower than the best so far
-WARM_THREADS = 8  # candidates built at once before timing
 #: ``reporter(i, n, candidate)`` is told about each candidate timed (``opruntime tune``'s progress bar)
 reporter: Any = None
 
@@ -112,7 +110,6 @@ def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], 
     prov = device.provider
     sets = random_inputs(problem, device, input_sets(problem))
     start = time.perf_counter()
-    warmed = warm(problem, prov, keep, sets[0])
     best = math.inf
     for i, c in enumerate(keep):
         if progress is not None:
@@ -128,7 +125,7 @@ def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], 
             return c.kernel.run(problem, c.config, *arrays)
 
         try:
-            first = min(prov.time(call, repeats=1, warmup=0 if warmed else 1))  # a warm-up builds and caches
+            first = min(prov.time(call, repeats=1, warmup=1))  # the warm-up builds and caches
             if first > EARLY_STOP * best:
                 c.measured, c.status = first, f"stopped early: {first / best:.1f}x slower than the best so far"
                 continue
@@ -146,25 +143,6 @@ def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], 
                    key=lambda c: c.measured)
     rest = [c for c in ranked if c not in timed]
     return timed + rest
-
-
-def warm(problem: Problem, prov: Any, candidates: Sequence[Candidate], arrays: Sequence[Any]) -> bool:
-    """Run every candidate once, several at a time, before any is timed: their first runs build
-    them, and builds that release the GIL (XLA; NVRTC where it does) overlap. A failure here is
-    left for the timing loop to meet again and record. Returns whether it ran them."""
-    if len(candidates) < 2:
-        return False
-
-    def first_run(c: Candidate) -> None:
-        try:
-            c.kernel.run(problem, c.config, *arrays)
-        except Exception:  # recorded when the timing loop runs it
-            pass
-
-    with ThreadPoolExecutor(max_workers=min(WARM_THREADS, len(candidates))) as pool:
-        list(pool.map(first_run, candidates))
-    prov.synchronize()
-    return True
 
 
 def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[Candidate]) -> tuple[list[Candidate], str] | None:
