@@ -9,13 +9,14 @@ time: above 1 means opruntime is faster.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -109,23 +110,53 @@ class Result:
         return {k: v / self.time_s for k, v in self.peers.items() if math.isfinite(v)}
 
 
+Timed = tuple[Callable[[], Any], Callable[[], Any]]  # (call, sync)
+
+
+def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: float = 2e-3) \
+        -> tuple[dict[str, float], dict[str, str]]:
+    """Median seconds per call of each contender, and the error of each that raised.
+
+    Each contender is warmed up and sized to batches of about ``batch_s`` of back-to-back calls
+    ended by one sync; then the batches run round-robin, one of each contender per repeat, so a
+    slow spell of the machine (other tenants, clocks) falls on all of them alike and the ratios
+    between them hold even when the absolute times wander.
+    """
+    sizes: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    for name, (fn, sync) in contenders.items():
+        try:
+            fn()
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            sizes[name] = max(1, min(2000, int(batch_s / max(time.perf_counter() - t0, 1e-8))))
+        except Exception as exc:  # reported by the caller; the others are still timed
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    times: dict[str, list[float]] = {name: [] for name in sizes}
+    for _ in range(repeats):
+        for name, n in sizes.items():
+            if name in errors:
+                continue
+            fn, sync = contenders[name]
+            try:
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                sync()
+                times[name].append((time.perf_counter() - t0) / n)
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"
+    return {name: statistics.median(t) for name, t in times.items() if t and name not in errors}, errors
+
+
 def measure(fn: Callable[[], Any], sync: Callable[[], Any], repeats: int = 15, batch_s: float = 2e-3) -> float:
     """Median seconds per call over ``repeats`` batches of back-to-back calls (warm-up first)."""
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    one = time.perf_counter() - t0
-    n = max(1, min(2000, int(batch_s / max(one, 1e-8))))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        times.append((time.perf_counter() - t0) / n)
-    return statistics.median(times)
+    times, errors = measure_all({"": (fn, sync)}, repeats, batch_s)
+    if errors:
+        raise RuntimeError(errors[""])
+    return times[""]
 
 
 def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
@@ -159,31 +190,17 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
         if case.dtype == "bfloat16":
             tensors = [Tensor._wrap(prov.astype(t.data, _bfloat16()), device) for t in tensors]
         public = getattr(importlib.import_module("opruntime"), case.op)  # what users call
-        res.time_s = measure(lambda: public(*tensors, **attrs), prov.synchronize, repeats)
+        contenders: dict[str, Timed] = {"opruntime": (lambda: public(*tensors, **attrs), prov.synchronize)}
+        public(*tensors, **attrs)  # plans (and tunes, when asked) before anything is timed
         plan = op.plan([t.data for t in tensors], device, attrs, _settings())
         problem: Problem = plan.problem
         datas = [t.data for t in tensors]
+        views = [d.reshape(s) for d, s in zip(datas, plan.views)]
         res.kernel = plan.order[0].label if plan.order else "(trivial)"
-        if plan.order:
-            c = plan.order[0]
-            views = [d.reshape(s) for d, s in zip(datas, plan.views)]
-            res.direct_s = measure(lambda: c.kernel.run(problem, c.config, *views), prov.synchronize, repeats)
-        res.select_s = select_time(op, tensors, attrs, repeats)
-        flops = op.flops(problem)
-        res.flops, res.bytes = flops, op.bytes(problem)
-        if case.op in ("softmax", "log_softmax"):
-            res.rate, res.unit = op.bytes(problem) / res.time_s / 1e9, "GB/s"
-        else:
-            res.rate, res.unit = flops / res.time_s / 1e9, "GFLOP/s"
-        if kernels:
-            for c in plan.order:
-                views = [d.reshape(s) for d, s in zip(datas, plan.views)]
-                try:
-                    res.candidates[c.label] = measure(lambda: c.kernel.run(problem, c.config, *views),
-                                                      prov.synchronize, repeats)
-                except Exception as exc:  # a failing candidate is reported, not fatal
-                    res.candidates[c.label] = math.nan
-                    print(f"  {c.label}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        for i, c in enumerate(plan.order if kernels else plan.order[:1]):
+            run = functools.partial(c.kernel.run, problem, c.config, *views)
+            contenders["direct" if i == 0 else f"kernel:{c.label}"] = (run, prov.synchronize)
+        res.flops, res.bytes = op.flops(problem), op.bytes(problem)
     except Exception as exc:
         res.error = f"{type(exc).__name__}: {exc}"
         return res
@@ -193,9 +210,32 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
         try:
             made = make(case, host, device)
             if made is not None:
-                res.peers[name] = measure(made[0], made[1], repeats)
+                contenders[f"peer:{name}"] = made
         except Exception as exc:  # a peer that cannot run this case is skipped, with the reason
             print(f"  peer {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    times, errors = measure_all(contenders, repeats)
+    if "opruntime" in errors:
+        res.error = errors["opruntime"]
+        return res
+    res.time_s = times["opruntime"]
+    res.direct_s = times.get("direct", math.nan)
+    if kernels and plan.order:
+        res.candidates[plan.order[0].label] = res.direct_s
+    for name, t in times.items():
+        kind, _, label = name.partition(":")
+        if kind == "kernel":
+            res.candidates[label] = t
+        elif kind == "peer":
+            res.peers[label] = t
+    for name, err in errors.items():  # a failing candidate or peer is reported, not fatal
+        print(f"  {name}: {err}", file=sys.stderr)
+        if name.startswith("kernel:"):
+            res.candidates[name.partition(":")[2]] = math.nan
+    res.select_s = select_time(op, tensors, attrs, repeats)
+    if case.op in ("softmax", "log_softmax"):
+        res.rate, res.unit = res.bytes / res.time_s / 1e9, "GB/s"
+    else:
+        res.rate, res.unit = res.flops / res.time_s / 1e9, "GFLOP/s"
     return res
 
 

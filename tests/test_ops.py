@@ -7,6 +7,7 @@ import pytest
 from conftest import TOLERANCE, random, rel_err, skip_unless_dtype
 
 import opruntime as opr
+from opruntime.kernels import c_strides
 from opruntime.ops import OPS
 
 DTYPES = ["float32", "float64", "float16"]
@@ -156,3 +157,24 @@ def test_conv2d_noncontiguous(device, rng):
     except Exception as exc:
         pytest.skip(f"{device.name} arrays cannot transpose: {exc}")
     check(opr.conv2d(x, wh, padding=1), OPS["conv2d"].reference(xh, wh, padding=1), "float32", device)
+
+
+@pytest.mark.parametrize("op, shapes, attrs", [
+    ("matmul", [(5,), (5,)], {}),
+    ("matmul", [(3, 5), (5,)], {}),
+    ("matmul", [(5,), (5, 4)], {}),
+    ("conv2d", [(3, 6, 7), (2, 3, 3, 3)], {}),
+])
+def test_problem_strides_are_those_of_the_reshaped_view(op, shapes, attrs):
+    """A strided operand the frontend reshapes (1-D matmul operands, unbatched conv input) is
+    described to kernels with the strides of the view they get, never as C-contiguous."""
+    dev = opr.Device("cpu")
+    rng = np.random.default_rng(0)
+    datas = [rng.standard_normal((*s[:-1], 2 * s[-1])).astype(np.float32)[..., ::2] for s in shapes]
+    problem, norm, _ = OPS[op].problem(datas, dev, attrs)
+    for d, shape, st in zip(datas, norm.shapes, problem.strides):
+        view = d.reshape(shape)
+        assert st == tuple(x // d.itemsize for x in view.strides)
+        assert st != c_strides(shape)  # the step of 2 is kept
+    out = getattr(opr, op)(*datas, **attrs).numpy()
+    assert rel_err(out, OPS[op].reference(*datas, **attrs)) < TOLERANCE["float32"]

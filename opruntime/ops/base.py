@@ -21,7 +21,7 @@ from .. import selector
 from ..config import resolve_device, settings
 from ..devices import Device
 from ..errors import DeviceMismatchError, DtypeError
-from ..kernels import Attrs, Problem, c_strides
+from ..kernels import Attrs, Problem
 from ..plugins import registry
 from ..tensor import Tensor, signature_id
 
@@ -148,10 +148,9 @@ class Operator(abc.ABC):
         strides = []
         for d, shape in zip(datas, norm.shapes):
             st = getattr(d, "strides", None)
-            if st is None or tuple(d.shape) != shape:  # reshaped views: the kernel sees C order
-                strides.append(None if st is None else c_strides(shape))
-            else:
-                strides.append(tuple(x // d.dtype.itemsize for x in st))
+            if st is not None and tuple(d.shape) != shape:  # the kernel gets d.reshape(shape): its strides
+                st = d.reshape(shape).strides  # (a view keeps a strided operand's steps; a copy is C order)
+            strides.append(None if st is None else tuple(x // d.dtype.itemsize for x in st))
         problem = Problem(self.name, dev.name, norm.shapes, (dtype,) * len(datas), tuple(strides), norm.attrs,
                           norm.out_shape, dtype)
         casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
