@@ -26,6 +26,7 @@ from .devices import Device
 from .kernels import Problem
 from .ops import OPS
 from .tensor import Tensor
+from .tuning import random_host
 
 
 @dataclass(frozen=True)
@@ -162,11 +163,10 @@ def measure(fn: Callable[[], Any], sync: Callable[[], Any], repeats: int = 15, b
 def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
     """Random normal operands (never zeros) for ``case`` on ``device``."""
     rng = np.random.default_rng(seed)
-    host_dtype = np.float32 if case.dtype == "bfloat16" else np.dtype(case.dtype)
     prov = device.provider
     out = []
     for s in case.shapes:
-        data = prov.from_host(rng.standard_normal(s).astype(host_dtype))
+        data = prov.from_host(random_host(rng, s, case.dtype))
         if case.dtype == "bfloat16":
             data = prov.astype(data, _bfloat16())
         out.append(Tensor._wrap(data, device))
@@ -180,8 +180,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
 
     op = OPS[case.op]
     rng = np.random.default_rng(0)
-    host_dtype = np.float32 if case.dtype == "bfloat16" else np.dtype(case.dtype)
-    host = [rng.standard_normal(s).astype(host_dtype) for s in case.shapes]
+    host = [random_host(rng, s, case.dtype) for s in case.shapes]
     res = Result(case.op, case.label, case.dtype, device.name)
     prov = device.provider
     attrs = dict(case.attrs)
