@@ -93,6 +93,11 @@ class DeviceProvider(abc.ABC):
     def synchronize(self) -> None:
         """Block until all work queued on the device has finished."""
 
+    def wait(self, data: Any) -> None:
+        """Block until ``data`` (a result of this device) is computed. The default synchronizes
+        the device; a backend whose arrays can be waited on one by one (JAX) overrides it."""
+        self.synchronize()
+
     def time(self, fn: Callable[[], Any], *, repeats: int = 20, warmup: int = 3) -> list[float]:
         """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times; seconds per run.
 

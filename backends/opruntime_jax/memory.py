@@ -149,6 +149,9 @@ class JaxDevice(DeviceProvider):
         tick, scalar = self._sync
         tick(scalar).block_until_ready()
 
+    def wait(self, data: Any) -> None:
+        data.block_until_ready()
+
     def time(self, fn: Callable[[], Any], *, repeats: int = 20, warmup: int = 3) -> list[float]:
         """Seconds per run, host clock around ``fn()`` and ``block_until_ready`` on its result."""
         import jax
