@@ -29,8 +29,9 @@ python3 -m opruntime.cli info > "$OUTDIR/info.txt" 2>&1
 python3 -m opruntime.cli bench --suite gpu --kernels --device cuda:0 --json "$OUTDIR/bench-cuda.json" \
   2>"$OUTDIR/bench-cuda.err" | tee "$OUTDIR/bench-cuda.txt"
 # 2. OpenCL and JAX on the GPU, beside cuda:0 (cuBLAS) in one process
-python3 -m opruntime.cli bench matmul softmax --shape 4096x4096,4096x4096 --shape 8192x8192 --kernels \
-  --device opencl:gpu --device jax:gpu --device cuda:0 --json "$OUTDIR/bench-cl-jax.json" 2>/dev/null \
-  | tee "$OUTDIR/bench-cl-jax.txt"
+for args in "matmul --shape 4096x4096,4096x4096" "softmax --shape 8192x8192"; do
+  python3 -m opruntime.cli bench $args --kernels --device opencl:gpu --device jax:gpu --device cuda:0 \
+    --json "$OUTDIR/bench-cl-jax-${args%% *}.json" 2>>"$OUTDIR/bench-cl-jax.err" | tee -a "$OUTDIR/bench-cl-jax.txt"
+done
 # 3. the GPU tests
 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUTDIR/gpu-tests.log" | tail -30
