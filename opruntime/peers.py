@@ -9,6 +9,7 @@ this case here (not installed, wrong device, op not offered).
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,7 @@ def torch_peer(case: Any, arrays: list[np.ndarray], device: Any):
 def jax_peer(case: Any, arrays: list[np.ndarray], device: Any):
     if not _has("jax"):
         return None
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # as the JAX backend: leave the others memory
     import jax
     import jax.numpy as jnp
     from jax import lax

@@ -309,3 +309,16 @@ def test_estimates_pick_xla_except_long_gpu_rows():
             est = _estimates("softmax", dev, (shape,), axis=len(shape) - 1)
             want = "jax.softmax.pallas_rows" if dev == "jax:gpu:0" and shape[-1] >= 16384 else "jax.softmax.xla"
             assert min(est, key=est.get) == want, (dev, shape, est)
+
+
+def test_jax_does_not_reserve_the_gpu_for_itself():
+    """Loading the backend leaves XLA_PYTHON_CLIENT_PREALLOCATE=false (unless the user set it), so
+    JAX does not take 75% of a GPU the CUDA and OpenCL backends of the process also use."""
+    code = ("import os; os.environ.pop('XLA_PYTHON_CLIENT_PREALLOCATE', None); import opruntime as opr; opr.devices(); "
+            "print(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "false"
+    code = "import os; os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'true'; import opruntime as opr; opr.devices(); " \
+           "print(os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "true"

@@ -3,12 +3,17 @@
 ``jax.Array``; every kernel is a JAX function jit-compiled once per static signature: XLA's own
 ops (vendor baselines) and Pallas kernels (interpreted on the CPU, compiled on GPU / TPU).
 
-JAX is imported inside the hooks only, never at import time.
+JAX is imported inside the hooks only, never at import time. Before it is, the backend sets
+``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless the user has set it: by default JAX reserves 75% of
+each GPU's memory when its GPU client starts, which would leave the other backends (CUDA through
+CuPy, OpenCL) of the same process a quarter of the device. JAX then allocates as it goes, like
+the others. Set the variable yourself to keep JAX's default.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from opruntime import Kernel, hookimpl
 from opruntime.errors import BackendUnavailable
@@ -22,6 +27,7 @@ __version__ = "0.1.0"
 def opruntime_devices() -> list:
     if importlib.util.find_spec("jax") is None:
         raise BackendUnavailable("jax not installed", kinds=["jax"])
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with the other backends
     try:
         from .memory import discover
 
