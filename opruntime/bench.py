@@ -121,7 +121,9 @@ def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: flo
     Each contender is warmed up and sized to batches of about ``batch_s`` of back-to-back calls
     ended by one sync; then the batches run round-robin, one of each contender per repeat, so a
     slow spell of the machine (other tenants, clocks) falls on all of them alike and the ratios
-    between them hold even when the absolute times wander.
+    between them hold even when the absolute times wander. The order rotates every repeat, so no
+    contender always follows the same one (a GPU still busy or hot from a heavy batch, a cache
+    another has filled).
     """
     sizes: dict[str, int] = {}
     errors: dict[str, str] = {}
@@ -136,8 +138,10 @@ def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: flo
         except Exception as exc:  # reported by the caller; the others are still timed
             errors[name] = f"{type(exc).__name__}: {exc}"
     times: dict[str, list[float]] = {name: [] for name in sizes}
-    for _ in range(repeats):
-        for name, n in sizes.items():
+    names = list(sizes)
+    for r in range(repeats if names else 0):
+        for name in names[r % len(names):] + names[: r % len(names)]:  # each takes every place in turn
+            n = sizes[name]
             if name in errors:
                 continue
             fn, sync = contenders[name]
