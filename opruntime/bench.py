@@ -13,6 +13,7 @@ import functools
 import importlib
 import json
 import math
+import random
 import statistics
 import sys
 import time
@@ -121,9 +122,9 @@ def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: flo
     Each contender is warmed up and sized to batches of about ``batch_s`` of back-to-back calls
     ended by one sync; then the batches run round-robin, one of each contender per repeat, so a
     slow spell of the machine (other tenants, clocks) falls on all of them alike and the ratios
-    between them hold even when the absolute times wander. The order rotates every repeat, so no
-    contender always follows the same one (a GPU still busy or hot from a heavy batch, a cache
-    another has filled).
+    between them hold even when the absolute times wander. The order is shuffled every repeat, so
+    no contender always follows the same one (a runtime still freeing buffers or a GPU still hot
+    from a heavy batch, a cache another has filled).
     """
     sizes: dict[str, int] = {}
     errors: dict[str, str] = {}
@@ -139,8 +140,10 @@ def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: flo
             errors[name] = f"{type(exc).__name__}: {exc}"
     times: dict[str, list[float]] = {name: [] for name in sizes}
     names = list(sizes)
-    for r in range(repeats if names else 0):
-        for name in names[r % len(names):] + names[: r % len(names)]:  # each takes every place in turn
+    order = random.Random(0)
+    for _ in range(repeats):
+        order.shuffle(names)  # a new order every repeat: nobody always runs after the same one
+        for name in names:
             n = sizes[name]
             if name in errors:
                 continue
