@@ -31,8 +31,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import tuning
-from .errors import (ConfigError, DeviceUnavailableError, DtypeError, FallbackWarning, KernelError, NoKernelError,
-                     OutOfMemoryError)
+from .errors import (
+    ConfigError,
+    DeviceUnavailableError,
+    DtypeError,
+    FallbackWarning,
+    KernelError,
+    NoKernelError,
+    OutOfMemoryError,
+)
 from .kernels import Kernel, Problem
 from .tensor import Tensor
 from .trace import active as _tracing

@@ -52,3 +52,26 @@ def test_im2col_budget_smaller_than_one_image(rng):
 def test_im2col_configs_offered():
     kernel = next(k for k in conv.kernels() if k.name == "numpy.conv2d.im2col")
     assert {c["cols_bytes"] for c in kernel.configs} >= {None, 4 << 20}
+
+
+@pytest.mark.parametrize("attrs", [dict(padding=1), dict(stride=2, padding=(1, 0)), dict(dilation=2, padding="same")],
+                         ids=["same3x3", "strided", "dilated"])
+@pytest.mark.parametrize("chunk_images", [1, 3, None])
+@pytest.mark.parametrize("mult", [1, 2])
+def test_depthwise_chunks_and_threads(rng, attrs, chunk_images, mult):
+    """The depthwise path over several chunks (run on the thread pool), one chunk, and with a
+    channel multiplier, against float64."""
+    x, w, b = random(rng, (7, 4, 9, 10), "float32"), random(rng, (4 * mult, 1, 3, 3), "float32"), random(rng, (4 * mult,), "float32")
+    p = _problem([x.shape, w.shape, b.shape], "float32", groups=4, **attrs)
+    assert conv.is_depthwise(p)
+    n, o, ho, wo = p.out_shape
+    per_image = 2 * o * ho * (x.shape[3] + 2 * 2) * 4  # an upper bound of one image's accumulators
+    budget = None if chunk_images is None else chunk_images * per_image
+    out = conv.depthwise(p, {"chunk_bytes": budget}, x, w, b)
+    assert rel_err(out, OPS["conv2d"].reference(x, w, b, groups=4, **attrs)) < TOLERANCE["float32"]
+
+
+def test_depthwise_is_chosen_for_depthwise_layers():
+    p = _problem([(8, 64, 56, 56), (64, 1, 3, 3)], "float32", padding=1, groups=64)
+    costs = {k.name: min(k.estimate(p, c) for c in k.candidates(p)) for k in conv.kernels() if k.supports(p)}
+    assert min(costs, key=costs.get) == "numpy.conv2d.depthwise"

@@ -6,6 +6,8 @@ loop runs over single images or channels."""
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -55,55 +57,79 @@ def _windows(x: np.ndarray, problem: Problem, kh: int, kw: int) -> np.ndarray:
 IM2COL_CONFIGS = ({"cols_bytes": 4 << 20}, {"cols_bytes": 1 << 20}, {"cols_bytes": 16 << 20}, {"cols_bytes": None})
 
 
+class Taps:
+    """The input seen once per kernel tap, for the paths that sum over taps (im2col, depthwise).
+
+    ``views[t]`` is (N, G, C/G, *plane) for tap ``t``: with stride 1 the plane is *wide*, one
+    contiguous run of ``Ho * Wp`` values of the flattened padded image shifted by the tap's offset
+    (output row ``y`` is computed at every one of the ``Wp`` padded columns, the first ``Wo`` are
+    kept, and the values read past a row's end never reach a kept column); otherwise the plane is
+    the window view's (Ho, Wo) at the tap. ``crop`` turns a (..., span) result into (..., Ho, Wo). Long contiguous runs keep NumPy's inner loops long: a copy or a multiply over
+    (Ho, Wo) planes runs one short inner loop per output row.
+    """
+
+    def __init__(self, problem: Problem, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> None:
+        g = problem.attrs["groups"]
+        (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
+        _, cg, kh, kw = problem.shapes[1]
+        n, _, ho, wo = problem.out_shape
+        self.wide = sh == sw == 1 and kw > 1
+        x, self.w, self.bias, flat = _prepare(problem, x, w, bias, slack=(kw - 1) * dw if self.wide else 0)
+        self.dtype, self.count = x.dtype, kh * kw
+        hp, wp = x.shape[2:]
+        self.ho, self.wo, self.wp = ho, wo, wp
+        self.plane = (ho * wp,) if self.wide else (ho, wo)
+        self.span = math.prod(self.plane)
+        if self.wide:
+            it = x.itemsize
+            strides = (x.strides[0], cg * hp * wp * it, hp * wp * it, it)
+            self.views = [as_strided(flat[i * dh * wp + j * dw :], (n, g, cg, self.span), strides, writeable=False)
+                          for i in range(kh) for j in range(kw)]
+        else:
+            win = _windows(x, problem, kh, kw).reshape(n, g, cg, kh, kw, ho, wo)
+            self.views = [win[:, :, :, i, j] for i in range(kh) for j in range(kw)]
+
+    def crop(self, a: np.ndarray) -> np.ndarray:
+        """(..., span) -> (..., Ho, Wo): the kept columns of a wide plane (a view)."""
+        if self.wide:
+            return a.reshape(*a.shape[:-1], self.ho, self.wp)[..., : self.wo]
+        return a.reshape(*a.shape[:-1], self.ho, self.wo)
+
+
+def _chunk(n: int, per_image: int, budget: int | None) -> int:
+    """Images per chunk: as many as fit ``budget`` bytes (at least one; all without a budget)."""
+    return max(1, n if budget is None else min(n, budget // max(1, per_image)))
+
+
 def im2col(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """im2col + GEMM over a chunk of images at a time.
 
-    The columns are copied tap by tap from a window view of the padded input, into a buffer of at
-    most ``config["cols_bytes"]`` (one image when a single image is larger), and each chunk's GEMM
-    writes straight into the output. The loop runs over cache-sized chunks of the batch, not over
-    images or channels: for a batch that fits the budget it runs once.
-
-    With stride 1 the columns are *wide*: output row ``y`` is computed at every column of the
-    padded row (``Wp`` of them, of which the first ``Wo`` are kept), so each tap's columns are one
-    contiguous run of the flattened padded image, shifted by the tap's offset, and the copy is a
-    plain memcpy per channel. The ``Wp - Wo`` extra columns cost that fraction of extra GEMM
-    work and a crop; their values (read past a row's end) never reach a kept column.
+    The columns are copied tap by tap from :class:`Taps` (wide, memcpy-like runs with stride 1)
+    into a buffer of at most ``config["cols_bytes"]`` (one image when a single image is larger),
+    and each chunk's GEMM writes straight into the output (through a crop when wide). The loop
+    runs over cache-sized chunks of the batch, not over images or channels: for a batch that fits
+    the budget it runs once.
     """
     g = problem.attrs["groups"]
-    (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
-    o, cg, kh, kw = problem.shapes[1]
-    n, _, ho, wo = problem.out_shape
-    wide = sh == sw == 1 and kw > 1
-    x, w, bias, flat = _prepare(problem, x, w, bias, slack=(kw - 1) * dw if wide else 0)
-    taps, og = kh * kw, o // g
+    o, cg = problem.shapes[1][:2]
+    n = problem.out_shape[0]
+    og, taps = o // g, Taps(problem, x, w, bias)
+    kk = taps.count
     # weights ordered (g, og | tap, c) to match the columns (tap, c | y, x)
-    wm = np.ascontiguousarray(w.reshape(g, og, cg, taps).transpose(0, 1, 3, 2)).reshape(g, og, taps * cg)
-    hp, wp = x.shape[2:]
-    span = ho * wp if wide else ho * wo  # columns per image and row of the column buffer
-    if wide:  # tap t's columns: the flattened padded planes shifted by the tap's offset
-        it = x.itemsize
-        strides = (x.strides[0], cg * hp * wp * it, hp * wp * it, it)
-        tap_cols = [as_strided(flat[i * dh * wp + j * dw :], (n, g, cg, span), strides, writeable=False)
-                    for i in range(kh) for j in range(kw)]
-    else:  # tap t's columns: the window view at (i, j), (Ho, Wo) planes
-        win = _windows(x, problem, kh, kw).reshape(n, g, cg, kh, kw, ho, wo)
-        tap_cols = [win[:, :, :, i, j] for i in range(kh) for j in range(kw)]
-    budget = config.get("cols_bytes") if config else None
-    per_image = max(1, g * taps * cg * span * x.itemsize)
-    chunk = n if budget is None else max(1, min(n, budget // per_image))
-    cols = np.empty((chunk, g, taps, cg, span), x.dtype)
-    planes = cols.reshape(chunk, g, taps, cg, *((span,) if wide else (ho, wo)))
-    out = np.empty((n, o, ho, wo), x.dtype)
-    wide_out = np.empty((chunk, g, og, span), x.dtype) if wide else None
+    wm = np.ascontiguousarray(taps.w.reshape(g, og, cg, kk).transpose(0, 1, 3, 2)).reshape(g, og, kk * cg)
+    chunk = _chunk(n, g * kk * cg * taps.span * taps.dtype.itemsize, config.get("cols_bytes") if config else None)
+    cols = np.empty((chunk, g, kk, cg, *taps.plane), taps.dtype)
+    out = np.empty(problem.out_shape, taps.dtype)
+    wide_out = np.empty((chunk, g, og, taps.span), taps.dtype) if taps.wide else None
     for start in range(0, n, chunk):
         m = min(chunk, n - start)
-        for t in range(taps):
-            planes[:m, :, t] = tap_cols[t][start : start + m]
-        dest = wide_out[:m] if wide else out[start : start + m].reshape(m, g, og, span)
-        np.matmul(wm, cols[:m].reshape(m, g, taps * cg, span), out=dest)
-        if wide:
-            out[start : start + m] = dest.reshape(m, o, ho, wp)[..., :wo]
-    return _finish(problem, out, bias)
+        for t, view in enumerate(taps.views):
+            cols[:m, :, t] = view[start : start + m]
+        dest = wide_out[:m] if taps.wide else out[start : start + m].reshape(m, g, og, taps.span)
+        np.matmul(wm, cols[:m].reshape(m, g, kk * cg, taps.span), out=dest)
+        if taps.wide:
+            out[start : start + m] = taps.crop(dest.reshape(m, o, taps.span))
+    return _finish(problem, out, taps.bias)
 
 
 def is_pointwise(problem: Problem) -> bool:
@@ -126,19 +152,48 @@ def is_depthwise(problem: Problem) -> bool:
     return g == c and problem.shapes[1][1] == 1
 
 
+#: Bytes of accumulator per chunk the tuner tries for the depthwise path (heuristic: the first).
+DEPTHWISE_CONFIGS = ({"chunk_bytes": 1 << 20}, {"chunk_bytes": 4 << 20}, {"chunk_bytes": 256 << 10})
+_pool: list[ThreadPoolExecutor] = []
+
+
+def _threads() -> ThreadPoolExecutor:
+    """One pool for the process: NumPy's ufunc loops release the GIL, so chunks run in parallel."""
+    if not _pool:
+        _pool.append(ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="opruntime-numpy"))
+    return _pool[0]
+
+
 def depthwise(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    x, w, bias, _ = _prepare(problem, x, w, bias)
-    o, _, kh, kw = w.shape
-    n, _, ho, wo = problem.out_shape
-    mult = o // x.shape[1]
-    win = _windows(x, problem, kh, kw)  # (n, c, kh, kw, ho, wo)
-    if mult > 1:
-        win = np.repeat(win, mult, axis=1)
-    out = np.zeros((n, o, ho, wo), x.dtype)
-    for i in range(kh):  # a loop over the kernel taps only
-        for j in range(kw):
-            out += win[:, :, i, j] * w[:, 0, i, j].reshape(1, o, 1, 1)
-    return _finish(problem, out, bias)
+    """Depthwise (and channel-multiplier) conv: per chunk of images, one multiply-add per kernel
+    tap into an accumulator of at most ``config["chunk_bytes"]`` that stays in cache, the chunks
+    spread over the cores. The taps are :class:`Taps`, so with stride 1 every multiply runs over
+    whole wide planes."""
+    c = problem.shapes[0][1]
+    o = problem.shapes[1][0]
+    n = problem.out_shape[0]
+    mult, taps = o // c, Taps(problem, x, w, bias)
+    lead = (1, c, mult) + (1,) * len(taps.plane)
+    wt = [taps.w.reshape(c, mult, taps.count)[:, :, t].reshape(lead) for t in range(taps.count)]
+    out = np.empty(problem.out_shape, taps.dtype)
+    chunk = _chunk(n, 2 * o * taps.span * taps.dtype.itemsize, config.get("chunk_bytes") if config else None)
+
+    def run(start: int) -> None:
+        m = min(chunk, n - start)
+        acc = np.empty((m, c, mult, *taps.plane), taps.dtype)
+        tmp = np.empty_like(acc) if taps.count > 1 else None
+        np.multiply(taps.views[0][start : start + m], wt[0], out=acc)  # views: (m, c, 1, *plane)
+        for t in range(1, taps.count):
+            np.multiply(taps.views[t][start : start + m], wt[t], out=tmp)
+            acc += tmp
+        out[start : start + m] = taps.crop(acc.reshape(m, o, taps.span))
+
+    starts = range(0, n, chunk)
+    if len(starts) > 1:
+        list(_threads().map(run, starts))
+    elif starts:
+        run(0)
+    return _finish(problem, out, taps.bias)
 
 
 def _bytes(problem: Problem, extra: float = 0.0) -> float:
@@ -163,9 +218,10 @@ def pointwise_cost(problem: Problem, config: Any) -> float:
 
 
 def depthwise_cost(problem: Problem, config: Any) -> float:
+    """One read of the input per tap; the accumulators stay in cache (measured 2.5-3x faster than
+    im2col on the 3x3 depthwise layer of the CPU suite)."""
     _, _, kh, kw = problem.shapes[1]
-    taps = kh * kw
-    return roofline(_flops(problem), _bytes(problem, 3 * taps * math.prod(problem.out_shape)),
+    return roofline(_flops(problem), _bytes(problem, kh * kw * math.prod(problem.out_shape)),
                     CPU_FLOPS / 4, CPU_BYTES, 5e-6)
 
 
@@ -175,5 +231,5 @@ def kernels() -> list[Kernel]:
         Kernel("conv2d", "numpy.conv2d.pointwise", "cpu", FLOATS, pointwise, supports=is_pointwise,
                cost=pointwise_cost),
         Kernel("conv2d", "numpy.conv2d.depthwise", "cpu", FLOATS, depthwise, supports=is_depthwise,
-               cost=depthwise_cost),
+               cost=depthwise_cost, configs=DEPTHWISE_CONFIGS),
     ]

@@ -9,7 +9,6 @@ import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
-
 F16 = np.dtype(np.float16)
 CPU_FLOPS, CPU_BYTES = 50e9, 10e9  # rough 2-core figures: the estimate only ranks CPU kernels
 
