@@ -247,3 +247,24 @@ def test_host_bound_kernel_is_not_chosen_on_device_time_alone(fake, rng, monkeyp
     assert e.chosen == "fake.matmul.b"
     measured = {c.kernel.name: c.measured for c in e.candidates}
     assert measured["fake.matmul.a"] >= 0.003
+
+
+def test_refine_retimes_near_ties_together():
+    """Candidates within 5% of the best after the first pass are timed again in shuffled rounds,
+    and those scores decide: here the first pass had them the wrong way round."""
+    import time as _time
+    from types import SimpleNamespace
+
+    class Prov:
+        def synchronize(self):
+            pass
+
+    slow, fast, far = SimpleNamespace(measured=1.00e-3), SimpleNamespace(measured=1.03e-3), SimpleNamespace(measured=5e-3)
+    calls = {id(slow): lambda: _time.sleep(3e-3), id(fast): lambda: _time.sleep(1e-3), id(far): lambda: None}
+    timed = [slow, fast, far]
+    assert tuning.refine(Prov(), timed, calls, deadline=_time.perf_counter() + 5)
+    assert fast.measured < slow.measured
+    assert far.measured == 5e-3  # not close to the best: not timed again
+    assert not tuning.refine(Prov(), [far], calls, deadline=_time.perf_counter() + 5)  # nothing to break a tie with
+    spent = SimpleNamespace(measured=1e-3), SimpleNamespace(measured=1e-3)
+    assert not tuning.refine(Prov(), list(spent), {id(c): (lambda: None) for c in spent}, deadline=0.0)  # no budget left
