@@ -279,6 +279,24 @@ def _operands(cv: Conv, need_aligned_w: bool = False) -> Callable[[Any, Any], tu
     return fix
 
 
+def _launcher(dev: int, fix: Callable[[Any, Any], tuple[Any, Any]], body: Callable[[Any, Any, Any], Any]) \
+        -> Callable[[Any, Any, Any], Any]:
+    """``launch(x, w, b)``: on device ``dev`` (made current when another one is), the weight and
+    bias made as the kernel needs them (``fix``), then ``body(x, w, b) -> y``."""
+    import cupy
+
+    getdev = cupy.cuda.runtime.getDevice
+
+    def launch(x: Any, w: Any, b: Any) -> Any:
+        if getdev() != dev:
+            with cupy.cuda.Device(dev):
+                return launch(x, w, b)
+        w, b = fix(w, b)
+        return body(x, w, b)
+
+    return launch
+
+
 def _build_igemm(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
     import cupy
 
@@ -299,22 +317,16 @@ def _build_igemm(kind: str, problem: Problem, config: Mapping[str, Any]) -> Call
     grid = (-(-cv.npq // config["bn"]), -(-cv.kg // config["bm"]), cv.groups)
     fix = _operands(cv, need_aligned_w=kind == "mma")
     shape = problem.out_shape
-    getdev = cupy.cuda.runtime.getDevice
 
-    def launch(x: Any, w: Any, b: Any) -> Any:
-        if getdev() != dev:
-            with cupy.cuda.Device(dev):
-                return launch(x, w, b)
-        w, b = fix(w, b)
+    def body(x: Any, w: Any, b: Any) -> Any:
         y = empty(shape, x.dtype, name)
         fn(grid, (threads,), (x, w, b, y, tab, params))
         return y
 
-    return launch
+    return _launcher(dev, fix, body)
 
 
 def _build_winograd(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
-    import cupy
 
     cv, dev, m = Conv(problem), cc.device_id(problem.device), int(kind[-1])
     a2 = (m + 2) ** 2
@@ -329,13 +341,8 @@ def _build_winograd(kind: str, problem: Problem, config: Mapping[str, Any]) -> C
     params, fix, shape = cv.params(), _operands(cv), problem.out_shape
     kc, ct, kt = cv.k * cv.c, cv.c * tiles, cv.k * tiles
     dt = np.dtype(problem.dtype)
-    getdev = cupy.cuda.runtime.getDevice
 
-    def launch(x: Any, w: Any, b: Any) -> Any:
-        if getdev() != dev:
-            with cupy.cuda.Device(dev):
-                return launch(x, w, b)
-        w, b = fix(w, b)
+    def body(x: Any, w: Any, b: Any) -> Any:
         u = empty((a2 * cv.k, cv.c, 1, 1), dt, f"{name} filter transform")
         f_filter((-(-kc // threads),), (threads,), (w, u, kc))
         v = empty((1, a2 * cv.c, 1, tiles), dt, f"{name} input transform")
@@ -345,11 +352,10 @@ def _build_winograd(kind: str, problem: Problem, config: Mapping[str, Any]) -> C
         f_output((-(-kt // threads),), (threads,), (mm, b, y, params, tiles, th, tw))
         return y
 
-    return launch
+    return _launcher(dev, fix, body)
 
 
 def _build_depthwise(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
-    import cupy
 
     cv, dev = Conv(problem), cc.device_id(problem.device)
     name = "cupy.conv2d.depthwise"
@@ -361,18 +367,13 @@ def _build_depthwise(kind: str, problem: Problem, config: Mapping[str, Any]) -> 
     fn = cc.get_function("conv_depthwise.cu", "conv_depthwise", d, dev, kernel=name)
     grid = min(-(-total // threads), 2**30 // threads if total < 2**30 else 1 << 20)
     params, fix, shape = cv.params(), _operands(cv), problem.out_shape
-    getdev = cupy.cuda.runtime.getDevice
 
-    def launch(x: Any, w: Any, b: Any) -> Any:
-        if getdev() != dev:
-            with cupy.cuda.Device(dev):
-                return launch(x, w, b)
-        w, b = fix(w, b)
+    def body(x: Any, w: Any, b: Any) -> Any:
         y = empty(shape, x.dtype, name)
         fn((grid,), (threads,), (x, w, b, y, params, total))
         return y
 
-    return launch
+    return _launcher(dev, fix, body)
 
 
 def _pointwise(cv: Conv) -> bool:
@@ -389,20 +390,15 @@ def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Cal
     n, g, kg, pq = cv.n, cv.groups, cv.kg, cv.p * cv.q
     shape = problem.out_shape
     fix = _operands(cv)
-    getdev = cupy.cuda.runtime.getDevice
     if _pointwise(cv):
-        def launch(x: Any, w: Any, b: Any) -> Any:
-            if getdev() != dev:
-                with cupy.cuda.Device(dev):
-                    return launch(x, w, b)
-            w, b = fix(w, b)
+        def gemm(x: Any, w: Any, b: Any) -> Any:
             y = empty(shape, x.dtype, name)
             cupy.matmul(w.reshape(g, kg, cv.cg), x.reshape(n, g, cv.cg, pq), out=y.reshape(n, g, kg, pq))
             if b is not None:
                 y += b.reshape(1, -1, 1, 1)
             return y
 
-        return launch
+        return _launcher(dev, fix, gemm)
     threads = config["threads"]
     total = n * g * cv.crs * pq
     d = {"DTYPE": DTYPE_CODE[problem.dtype], "THREADS": threads, "IDX": "int" if total < 2**30 else "long long"}
@@ -412,11 +408,7 @@ def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Cal
         tab = cupy.asarray(cv.table())
     params = cv.params()
 
-    def launch(x: Any, w: Any, b: Any) -> Any:
-        if getdev() != dev:
-            with cupy.cuda.Device(dev):
-                return launch(x, w, b)
-        w, b = fix(w, b)
+    def body(x: Any, w: Any, b: Any) -> Any:
         cols = empty((n, g, cv.crs, pq), x.dtype, f"{name} column buffer")
         fn((grid,), (threads,), (x, cols, tab, params, total, g))
         y = empty(shape, x.dtype, name)
@@ -425,7 +417,7 @@ def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Cal
             y += b.reshape(1, -1, 1, 1)
         return y
 
-    return launch
+    return _launcher(dev, fix, body)
 
 
 def build_variants() -> list[tuple[str, dict]]:

@@ -22,24 +22,6 @@
 #define WN 64
 #define STAGES 4
 #endif
-#ifndef A_KCONTIG
-#define A_KCONTIG 1
-#endif
-#ifndef B_NCONTIG
-#define B_NCONTIG 1
-#endif
-#ifndef VEC_A
-#define VEC_A 1
-#endif
-#ifndef VEC_B
-#define VEC_B 1
-#endif
-#ifndef BF16
-#define BF16 0
-#endif
-#ifndef GROUP_M
-#define GROUP_M 8
-#endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
@@ -144,12 +126,8 @@ hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __rest
     const i64 sam = p.sam, sak = p.sak, sbk = p.sbk, sbn = p.sbn;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int pid = blockIdx.x, per_group = GROUP_M * tiles_n;
-    const int first_m = (pid / per_group) * GROUP_M;
-    const int gsize = min(tiles_m - first_m, GROUP_M);
-    const int m0 = (first_m + (pid % per_group) % gsize) * BM;
-    const int n0 = ((pid % per_group) / gsize) * BN;
+    int m0, n0;
+    grouped_tile(M, N, BM, BN, m0, n0);
     const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
 
     const i64 bz = p.z0 + blockIdx.z;
@@ -272,14 +250,6 @@ hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __rest
         const int m = m0 + wm0 + row, n = n0 + wn0 + ch * 8;
         if (m >= M || n >= N) continue;
         const uint4 v = *reinterpret_cast<const uint4*>(cs + row * CROW + ch * 8);
-        bits16* dst = Cb + (i64)m * N + n;
-        if (vec) {
-            *reinterpret_cast<uint4*>(dst) = v;
-        } else {
-            const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int q = 0; q < 8; ++q)
-                if (n + q < N) dst[q] = (bits16)(w[q >> 1] >> ((q & 1) * 16));
-        }
+        store8_16bit(Cb + (i64)m * N + n, v, n, N, vec);
     }
 }

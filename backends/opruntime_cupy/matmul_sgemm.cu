@@ -24,21 +24,6 @@
 #define TM 8
 #define TN 8
 #endif
-#ifndef A_KCONTIG
-#define A_KCONTIG 1
-#endif
-#ifndef B_NCONTIG
-#define B_NCONTIG 1
-#endif
-#ifndef VEC_A
-#define VEC_A 1
-#endif
-#ifndef VEC_B
-#define VEC_B 1
-#endif
-#ifndef GROUP_M
-#define GROUP_M 8
-#endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
 #endif
@@ -163,13 +148,8 @@ sgemm(const float* __restrict__ A, const float* __restrict__ B, float* __restric
     const i64 sam = p.sam, sak = p.sak, sbk = p.sbk, sbn = p.sbn;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    // Grouped tile order: GROUP_M tile rows share their B tiles while they are in L2.
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int pid = blockIdx.x, per_group = GROUP_M * tiles_n;
-    const int first_m = (pid / per_group) * GROUP_M;
-    const int gsize = min(tiles_m - first_m, GROUP_M);
-    const int m0 = (first_m + (pid % per_group) % gsize) * BM;
-    const int n0 = ((pid % per_group) / gsize) * BN;
+    int m0, n0;  // grouped tile order (matmul_common.cuh)
+    grouped_tile(M, N, BM, BN, m0, n0);
 
     const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
     const int lm = lane / LN, ln = lane % LN;

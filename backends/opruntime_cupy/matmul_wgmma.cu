@@ -21,15 +21,6 @@
 #define BK 64
 #define STAGES 4
 #endif
-#ifndef B_NCONTIG
-#define B_NCONTIG 1
-#endif
-#ifndef BF16
-#define BF16 0
-#endif
-#ifndef GROUP_M
-#define GROUP_M 8
-#endif
 // Descriptor of an n-contiguous B: B_LBO_MN 1 puts the stride between 64-wide atoms along n in
 // the leading-byte-offset field and the 8-row stride along k in the stride field; 0 swaps them.
 // B_LBO_MN 1 with TNSP_B 1 is the convention checked right on an H200 (the others are wrong).
@@ -163,12 +154,8 @@ hgemm_wgmma(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* 
     const int M = (int)p.M, N = (int)p.N, K = (int)p.K;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
 
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int pid = blockIdx.x, per_group = GROUP_M * tiles_n;
-    const int first_m = (pid / per_group) * GROUP_M;
-    const int gsize = min(tiles_m - first_m, GROUP_M);
-    const int m0 = (first_m + (pid % per_group) % gsize) * BM;
-    const int n0 = ((pid % per_group) / gsize) * BN;
+    int m0, n0;
+    grouped_tile(M, N, BM, BN, m0, n0);
 
     const i64 bz = p.z0 + blockIdx.z;
     const i64 b0 = bz % p.d0, b1 = (bz / p.d0) % p.d1, b2 = bz / (p.d0 * p.d1);
@@ -263,15 +250,7 @@ hgemm_wgmma(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* 
         const int m = m0 + row, n = n0 + ch * 8;
         if (m >= M || n >= N) continue;
         const uint4 v = *reinterpret_cast<const uint4*>(cs + row * CROW + ch * 8);
-        bits16* dst = Cb + (i64)m * N + n;
-        if (vec) {
-            *reinterpret_cast<uint4*>(dst) = v;
-        } else {
-            const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int q = 0; q < 8; ++q)
-                if (n + q < N) dst[q] = (bits16)(w[q >> 1] >> ((q & 1) * 16));
-        }
+        store8_16bit(Cb + (i64)m * N + n, v, n, N, vec);
     }
 #else
     __trap();  // built for a target without wgmma: matmul.py never launches this
