@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config as _config
 from .. import selector
 from ..config import resolve_device, settings
 from ..devices import Device
@@ -29,6 +30,10 @@ from ..tensor import Tensor, signature_id
 #: bfloat16 promotes to float32 (neither holds the other). Integer and bool arrays are rejected;
 #: Python lists and scalars of integers become float32.
 FLOAT_ORDER = ("float16", "bfloat16", "float32", "float64")
+
+
+_plans_get = selector.plans.get  # the plan cache is one dict for the process (cleared, never replaced)
+_override_get = _config._override.get  # context overrides (opr.device / opr.configure as a context)
 
 
 def result_dtype(op: str, dtypes: Sequence[np.dtype]) -> str:
@@ -95,7 +100,9 @@ class Operator(abc.ABC):
         The hot path (no ``device=``, every operand a Tensor or a NumPy array, a plan cached) builds
         the key from each Tensor's kept signature id and calls the plan; anything else places the
         operands, validates and plans (once per distinct call)."""
-        s = settings()
+        s = _config._base
+        if s is None or _override_get():
+            s = settings()
         fast_key = None
         if device is None:
             key: list[Any] = [self.name, s, attrs]
@@ -113,7 +120,7 @@ class Operator(abc.ABC):
                     break
             else:
                 try:
-                    plan = selector.plans.get(key := tuple(key))
+                    plan = _plans_get(key := tuple(key))
                 except TypeError:
                     plan = key = None
                 if plan is not None:
