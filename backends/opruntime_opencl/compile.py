@@ -34,11 +34,22 @@ def _kernel_table() -> dict[tuple, Any]:
     return table
 
 
+#: What every program starts with: the extension pragmas the build options ask for (the
+#: launchers define USE_FP64 / USE_FP16 with T = double / half), so the .cl files need not.
+PRELUDE = """#ifdef USE_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+#ifdef USE_FP16
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+"""
+
+
 def source(name: str) -> str:
-    """The text of ``name`` (a ``.cl`` file of this package)."""
+    """The text of ``name`` (a ``.cl`` file of this package) after :data:`PRELUDE`."""
     text = _sources.get(name)
     if text is None:
-        text = _sources[name] = resources.files(__package__).joinpath(name).read_text()
+        text = _sources[name] = PRELUDE + resources.files(__package__).joinpath(name).read_text()
     return text
 
 

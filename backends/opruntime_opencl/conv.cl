@@ -8,13 +8,6 @@
 //                Tile TM x TN x TK, WPTM x WPTN outputs per work-item; work-group (TN/WPTN, TM/WPTM).
 //   conv_direct: one output per work-item, a plain loop over (c, i, j): the simple baseline.
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
-#ifdef USE_FP16
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-#endif
-
 #define CONV_ARGS                                                                                   \
     __global const T *x, const long xoff, __global const T *w, const long woff, __global const T *bias, \
         const long boff, const int has_bias, __global T *y, const int N, const int C, const int H,   \

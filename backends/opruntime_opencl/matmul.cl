@@ -12,13 +12,6 @@
 //   gemm_simple: TS (a TS x TS tile, one output per work-item).
 //   gemm_vector: MR, NRV, VW (CPUs: MR rows x NRV VW-wide vectors per work-item, no local memory).
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
-#ifdef USE_FP16
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-#endif
-
 #ifdef TSM  // ---------------------------------------------------------------- gemm_tiled
 #ifndef VEC4  // vector literals (scripts/opencl_nvcc_check.py redefines them to compile as CUDA)
 #define VEC2(V, a, b) ((V)(a, b))

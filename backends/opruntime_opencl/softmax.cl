@@ -12,12 +12,6 @@
 //                    coalesced when inner is large.
 // Math is done on VW-wide vectors (exp, fmax on vectors), which CPU devices map to SIMD.
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
-#ifdef USE_FP16
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-#endif
 #if RED == 2
 #pragma OPENCL EXTENSION cl_khr_subgroups : enable
 #endif
@@ -58,7 +52,6 @@
 #else
 #define UNLESS_NEGINF(v, m) select((v), (VACC)(0), (m) == (VACC)(NEG_INF))
 #endif
-
 
 #ifdef TPR  // ------------------------------------------------------------------ softmax_rows
 #define WARPS ((TPR + 31) / 32)
