@@ -144,12 +144,6 @@ class CudaDevice(DeviceProvider):
                 return arr.copy()
         return self.from_host(np.from_dlpack(obj))
 
-    def to_dlpack(self, data: Any, **kwargs: Any) -> Any:
-        return data.__dlpack__(**kwargs)
-
-    def dlpack_device(self, data: Any) -> tuple[int, int]:
-        return data.__dlpack_device__()
-
     # -- execution ------------------------------------------------------------------------
     def synchronize(self) -> None:
         self._device.synchronize()

@@ -130,12 +130,6 @@ class JaxDevice(DeviceProvider):
         except Exception:
             return self._put(np.from_dlpack(obj))
 
-    def to_dlpack(self, data: Any, **kwargs: Any) -> Any:
-        return data.__dlpack__(**kwargs)
-
-    def dlpack_device(self, data: Any) -> tuple[int, int]:
-        return data.__dlpack_device__()
-
     # -- execution --------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Wait for the work queued on this device: a tiny jitted computation queued behind it is
