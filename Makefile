@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Extras installed into .venv: the test tools plus the backends that run without a GPU.
-EXTRAS ?= test,opencl,jax,docs,plot
+EXTRAS ?= test,lint,opencl,jax,docs,plot
 
 .PHONY: demo test test-gpu compile-cu opencl-icd docs lint clean
 
@@ -35,7 +35,7 @@ build/plugin_template: $(VENV)/.installed examples/plugin_template/pyproject.tom
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
-test: $(VENV)/.installed opencl-icd compile-cu build/plugin_template docs
+test: $(VENV)/.installed opencl-icd lint compile-cu build/plugin_template docs
 	$(BIN)/python -m pytest -q -m "not gpu" -p no:cacheprovider
 
 # On the GPU machine: scripts/gpu.sh sets it up offline and runs the GPU tests and benchmarks.
@@ -46,8 +46,9 @@ demo: $(VENV)/.installed opencl-icd
 	$(BIN)/opruntime info
 	$(BIN)/opruntime bench --suite demo
 
+# The rules are pinned in pyproject.toml ([tool.ruff.lint]) and ruff in the `lint` extra.
 lint: $(VENV)/.installed
-	$(BIN)/python -m ruff check opruntime backends tests
+	$(BIN)/python -m ruff check opruntime backends tests examples scripts
 
 clean:
 	rm -rf $(VENV) build *.egg-info

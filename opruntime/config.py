@@ -382,7 +382,7 @@ def resolve_device(s: Settings, op: str, wanted: str | list[str] | tuple[str, ..
                 raise DeviceUnavailableError("no device is available: no backend plugin loaded (see `opruntime info`)")
             return reg.devices[0]
     errors = []
-    for i, name in enumerate(names):
+    for name in names:
         try:
             dev = reg.device(name)
         except DeviceUnavailableError as exc:

@@ -90,7 +90,7 @@ class DeviceProvider(abc.ABC):
         return data.__dlpack_device__()
 
     # -- execution ------------------------------------------------------------------------
-    def synchronize(self) -> None:
+    def synchronize(self) -> None:  # noqa: B027 (a no-op default: synchronous devices keep it)
         """Block until all work queued on the device has finished."""
 
     def wait(self, data: Any) -> None:

@@ -234,7 +234,7 @@ class Plan:
             try:
                 out = fast(*datas)
             except (MemoryError, DeviceUnavailableError) as exc:
-                raise _fatal(self, exc)
+                raise _fatal(self, exc)  # noqa: B904 (the error itself, or one with its cause set)
             except Exception as exc:
                 out = self._fallback(datas, exc)
             t = _new_tensor(Tensor)
@@ -277,7 +277,7 @@ class Plan:
         try:
             out = c.kernel.run(self.problem, c.config, *datas)
         except (MemoryError, DeviceUnavailableError) as exc:
-            raise _fatal(self, exc)
+            raise _fatal(self, exc)  # noqa: B904 (the error itself, or one with its cause set)
         except Exception as exc:
             out = self._fallback(datas, exc)
         if self.result_shape != self.problem.out_shape:
@@ -300,7 +300,7 @@ class Plan:
             try:
                 return nxt.kernel.run(self.problem, nxt.config, *datas)
             except (MemoryError, DeviceUnavailableError) as fatal:
-                raise _fatal(self, fatal)
+                raise _fatal(self, fatal)  # noqa: B904 (the error itself, or one with its cause set)
             except Exception as again:
                 exc = again
 

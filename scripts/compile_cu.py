@@ -152,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         status = "FAIL" if bad else "ok  "
         print(f"{status} {rel}: {len(variants[f])} variant(s) x sm_{'/sm_'.join(archs_of(f))} with {tool}"
               + (f"; {facts}" if facts else "") + (f"; {len(bad)} failed" if bad else ""))
-        for (file, arch, d), (ok, log) in bad[:3]:
+        for (_, arch, d), (_, log) in bad[:3]:
             print(f"  sm_{arch} {' '.join(_flag(k, v) for k, v in d.items())}\n" + "\n".join(
                 "    " + line for line in log.strip().splitlines()[:20]))
         if args.verbose:
-            for (file, arch, d), (ok, log) in mine:
+            for (_, arch, d), (_, log) in mine:
                 r = re.findall(r"Used (\d+) registers", log)
                 s = re.findall(r"(\d+) bytes spill stores", log)
                 print(f"    sm_{arch} {r} regs, {s} B spills: {' '.join(_flag(k, v) for k, v in d.items())}")

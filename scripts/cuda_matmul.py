@@ -133,12 +133,12 @@ def main() -> int:
     ap.add_argument("--sustained", action="store_true", help="also time back-to-back launches (as bench does)")
     args = ap.parse_args()
     import cupy as cp
+    from opruntime_cupy import compile, memory
+    from opruntime_cupy import matmul as mm
 
     import opruntime as opr
     from opruntime import selector
     from opruntime.ops.matmul import MATMUL
-    from opruntime_cupy import compile, memory
-    from opruntime_cupy import matmul as mm
 
     lines: list[str] = []
 
@@ -246,7 +246,7 @@ def main() -> int:
                 f"{est * 1e3:8.3f} {e:8.1e}")
         if args.sustained and nn >= 4096:
             fastest = {}
-            for label, t, est, e in rows:
+            for label, t, _est, _e in rows:
                 fam = label.split("[")[0]
                 if fam not in fastest or t < fastest[fam][1]:
                     fastest[fam] = (label, t)

@@ -15,8 +15,8 @@ Writes a JSON with every number and prints the tables.
 from __future__ import annotations
 
 import argparse
-import json
 import functools
+import json
 import math
 import os
 import sys
@@ -26,6 +26,7 @@ import traceback
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX must leave memory to the others
 
 import numpy as np
+
 from opruntime.bench import measure as bench_measure
 
 SOFTMAX_SHAPES = [(4096, 4096), (8192, 8192), (32768, 1024), (1024, 32768), (65536, 128)]
@@ -240,7 +241,7 @@ def bench_conv(results: dict, dtypes=("float32", "float16")) -> None:
                         traceback.print_exc()
             usable, _, _ = rank(p, dev, settings())
             res["selected"] = usable[0].label
-            del xt, wt, ref, refc
+            xt = wt = ref = refc = None  # free the GPU memory before the next layer
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()
             ours = {a: b for a, b in res["ours"].items() if math.isfinite(b)}

@@ -228,7 +228,7 @@ def test_wgmma_layouts_and_misaligned_bases(cp, dtype):
     rng = np.random.default_rng()
     k = kernel("cupy.matmul.wgmma")
     for m, kk, n in ((64, 64, 128), (200, 136, 264)):
-        for label, a, b in _views(cp, dtype, rng, m, kk, n):
+        for _label, a, b in _views(cp, dtype, rng, m, kk, n):
             if k.supports(problem_of(a, b)):  # row-major A; B either way; offset bases run the mma path
                 check_kernel(cp, k, configs("cupy.matmul.wgmma")[0], a, b, dtype)
     a, b = randn(cp, (64, 64), dtype, rng), randn(cp, (64, 64), dtype, rng)

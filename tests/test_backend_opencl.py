@@ -22,7 +22,8 @@ from opruntime.ops import OPS
 from opruntime.plugins import registry
 
 pytest.importorskip("pyopencl", reason="pyopencl not installed")
-from opruntime_opencl import compile as cl_compile, memory  # noqa: E402  (after the skip: imports nothing heavy)
+from opruntime_opencl import compile as cl_compile  # noqa: E402  (after the skip: imports nothing heavy)
+from opruntime_opencl import memory
 
 
 def _opencl_devices() -> list:

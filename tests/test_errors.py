@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 
 import opruntime as opr
-from opruntime.errors import (AttributeValueError, DeviceMismatchError, DeviceUnavailableError, DtypeError,
-                              OpRuntimeError, ShapeError, UnknownDeviceError)
+from opruntime.errors import (
+    AttributeValueError,
+    DeviceMismatchError,
+    DeviceUnavailableError,
+    DtypeError,
+    OpRuntimeError,
+    ShapeError,
+    UnknownDeviceError,
+)
 
 f32 = np.float32
 
