@@ -156,6 +156,23 @@ def test_catches_a_kernel_that_writes_its_operands(broken):
     assert bad and all("wrote into operand 0" in f.message for f in bad), summary(bad)
 
 
+def test_catches_a_prepared_launcher_that_differs_from_run(broken):
+    """A plan calls what ``prepare`` returns after the first ``run``: the suite checks both."""
+    def run(problem, config, a, b):
+        return np.matmul(a, b)
+
+    def prepare(problem, config):  # a launcher that drifted from run
+        return lambda a, b: np.matmul(a, b) * 2
+
+    (k,) = broken("stale", opr.Kernel("matmul", "stale.matmul.bound", "cpu", frozenset({"float32"}), run,
+                                      prepare=prepare))
+    bad = failures(check_kernel(k, opr.Device("cpu"), QUICK_CASES["matmul"], dtypes=["float32"]))
+    assert bad and all("prepare(problem, config)(*arrays)" in f.message for f in bad), summary(bad)
+    (good,) = broken("fine", opr.Kernel("matmul", "fine.matmul.bound", "cpu", frozenset({"float32"}), run,
+                                        prepare=lambda problem, config: lambda a, b: np.matmul(a, b)))
+    assert not failures(check_kernel(good, opr.Device("cpu"), QUICK_CASES["matmul"], dtypes=["float32"]))
+
+
 def test_catches_a_kernel_whose_supports_lies(broken):
     def run(problem, config, x):
         if len(problem.shapes[0]) > 2:

@@ -1,6 +1,7 @@
 """Conformance of kernels: every kernel, in every config, on the generated problems, called
-directly with the Problem the frontend builds and through the frontend with the kernel pinned;
-and the size-0 results the frontend answers on the device."""
+directly with the Problem the frontend builds (``run``, and the launcher ``prepare`` returns where
+the kernel has one) and through the frontend with the kernel pinned; and the size-0 results the
+frontend answers on the device."""
 
 # ruff: noqa: BLE001 - whatever a plugin (or a thread) raises is reported, never let through
 
@@ -81,20 +82,38 @@ def _run_case(kernel: Kernel, device: Device, case: Case, dtype: str, configs: s
         except Exception as exc:
             out.append(Finding("kernel", label, f"supports() accepted it but run raised {_exc(exc)}"))
             continue
-        if any(res is v for v in views):
-            out.append(Finding("kernel", label, "run returned one of its operands; it must return a new array"))
-        if not prov.owns(res):
-            out.append(Finding("kernel", label, f"run returned {type(res).__name__}, not a native array of this device"))
-        if tuple(res.shape) != problem.out_shape or np.dtype(res.dtype) != np_dtype(problem.out_dtype):
-            out.append(Finding("kernel", label, f"run returned shape {tuple(res.shape)} {res.dtype}, expected "
-                               f"{problem.out_shape} {problem.out_dtype}"))
+        out += _check_result("run", res, label, views, plan, built, dtype, prov)
+        if kernel.prepare is None:
             continue
-        bad = compare(np.asarray(prov.to_host(res)).reshape(plan.result_shape), built.reference, dtype)
-        if bad:
-            out.append(Finding("kernel", label, bad))
-        for i, (base, host) in enumerate(built.bases):
-            if not same_bits(np.asarray(prov.to_host(base)), host):
-                out.append(Finding("kernel", label, f"run wrote into operand {i}"))
+        try:  # what a plan calls after the first run: it must give the same answer
+            res = kernel.prepare(problem, cfg)(*views)
+            prov.synchronize()
+        except Exception as exc:
+            out.append(Finding("kernel", label, f"run worked but prepare(problem, config)(*arrays) raised {_exc(exc)}"))
+            continue
+        out += _check_result("prepare(problem, config)(*arrays)", res, label, views, plan, built, dtype, prov)
+    return out
+
+
+def _check_result(what: str, res: object, label: str, views: Sequence[object], plan, built, dtype: str,
+                  prov) -> list[Finding]:
+    """A kernel's result: a new native array of the problem's shape and dtype, within the dtype's
+    tolerance of the float64 reference, the operands untouched."""
+    problem, out = plan.problem, []
+    if any(res is v for v in views):
+        out.append(Finding("kernel", label, f"{what} returned one of its operands; it must return a new array"))
+    if not prov.owns(res):
+        out.append(Finding("kernel", label, f"{what} returned {type(res).__name__}, not a native array of this device"))
+    if tuple(res.shape) != problem.out_shape or np.dtype(res.dtype) != np_dtype(problem.out_dtype):
+        out.append(Finding("kernel", label, f"{what} returned shape {tuple(res.shape)} {res.dtype}, expected "
+                           f"{problem.out_shape} {problem.out_dtype}"))
+        return out
+    bad = compare(np.asarray(prov.to_host(res)).reshape(plan.result_shape), built.reference, dtype)
+    if bad:
+        out.append(Finding("kernel", label, f"{what}: {bad}" if what != "run" else bad))
+    for i, (base, host) in enumerate(built.bases):
+        if not same_bits(np.asarray(prov.to_host(base)), host):
+            out.append(Finding("kernel", label, f"{what} wrote into operand {i}"))
     return out
 
 
