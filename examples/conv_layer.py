@@ -19,6 +19,7 @@ import numpy as np
 
 import opruntime as opr
 from opruntime.ops import OPS
+from opruntime.testing.numerics import rel_err
 
 
 def relu(t: opr.Tensor) -> opr.Tensor:
@@ -70,7 +71,7 @@ def main() -> int:
     out = block(x).numpy()
     dt = time.perf_counter() - t0
     ref = block.reference(x)
-    err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    err = rel_err(out, ref)
     print(f"batch {args.batch} x 3 x {args.size} x {args.size} -> {out.shape}: {dt * 1e3:.2f} ms; "
           f"relative error vs float64 reference: {err:.2e}")
     if not err < 1e-5:

@@ -144,10 +144,9 @@ def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: flo
     for _ in range(repeats):
         order.shuffle(names)  # a new order every repeat: nobody always runs after the same one
         for name in names:
-            n = sizes[name]
             if name in errors:
                 continue
-            fn, sync = contenders[name]
+            (fn, sync), n = contenders[name], sizes[name]
             try:
                 t0 = time.perf_counter()
                 for _ in range(n):

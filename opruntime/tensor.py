@@ -42,12 +42,11 @@ class Tensor:
         return self._device
 
     def _signature(self) -> int:
-        """This operand's part of a plan-cache key: :func:`signature_id` of (device name, shape,
-        dtype, strides), computed on the first call that uses the Tensor and kept."""
+        """This operand's part of a plan-cache key (:func:`signature_id`), computed on the first
+        call that uses the Tensor and kept."""
         k = self._key
         if k is None:
-            d = self._data
-            k = self._key = signature_id((self._device.name, d.shape, d.dtype, getattr(d, "strides", None)))
+            k = self._key = signature_id(self._device.name, self._data)
         return k
 
     # -- array facts ----------------------------------------------------------------------
@@ -108,13 +107,14 @@ _SIGNATURES: dict[tuple, int] = {}
 _next_signature = itertools.count(1).__next__
 
 
-def signature_id(fragment: tuple) -> int:
-    """A small int standing for one operand's (device name, shape, dtype, strides).
+def signature_id(device: str, data: Any) -> int:
+    """A small int standing for an array's (device name, shape, dtype, strides) in plan-cache keys.
 
-    Plan-cache keys hold these instead of the tuples: an int hashes at once, a shape and a dtype
-    do not. Ids are never reused (the table may start over; a fragment then gets a new id, so an
-    old Tensor's id can only miss, never find another problem's plan).
+    Keys hold these instead of the tuples: an int hashes at once, a shape and a dtype do not. Ids
+    are never reused (the table may start over; a fragment then gets a new id, so an old Tensor's
+    id can only miss, never find another problem's plan).
     """
+    fragment = (device, data.shape, data.dtype, getattr(data, "strides", None))
     i = _SIGNATURES.get(fragment)
     if i is None:
         if len(_SIGNATURES) >= 1 << 16:

@@ -26,19 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "backends")]
 
 
-def events_median(cp, fn, repeats=20, warmup=3) -> float:
-    for _ in range(warmup):
-        fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(repeats):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e-3)
-    return float(np.median(ts))
+def event_median(prov, fn) -> float:
+    """Median seconds per run from CUDA events (opruntime's CUDA provider)."""
+    return float(np.median(prov.time(fn, repeats=20, warmup=3)))
 
 
 def prebuild(mm, compile, arch: str) -> tuple[int, float, list[str]]:
@@ -201,7 +191,7 @@ def main() -> int:
         rows = []
         base = None
         if dtype != "bfloat16" or mm._cublas_bf16():
-            t = events_median(cp, lambda: cp.matmul(a, b))
+            t = event_median(dev, lambda: cp.matmul(a, b))
             base = t
             rows.append(("cupy.matmul.cublas", t, mm.cost_cublas(p, {}), err_of(cp.matmul(a, b), ref, dtype)))
         if dtype == "bfloat16":
@@ -210,7 +200,7 @@ def main() -> int:
 
                 ta = torch.from_dlpack(a).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_dlpack(a)
                 tb = torch.from_dlpack(b).view(torch.bfloat16) if b.dtype == np.uint16 else torch.from_dlpack(b)
-                t = events_median(cp, lambda: torch.matmul(ta, tb))
+                t = event_median(dev, lambda: torch.matmul(ta, tb))
                 rows.append(("torch.matmul (cuBLAS bf16)", t, float("nan"), float("nan")))
                 base = base or t
             except Exception as exc:
@@ -226,7 +216,7 @@ def main() -> int:
                 try:
                     out = k.run(p, cfg, a, b)
                     e = err_of(out, ref, dtype)
-                    t = events_median(cp, lambda: k.run(p, cfg, a, b))
+                    t = event_median(dev, lambda: k.run(p, cfg, a, b))
                     rows.append((f"{name}[{cfg['tile']}]", t, k.estimate(p, cfg), e))
                 except Exception as exc:
                     say(f"# {name}[{cfg['tile']}] FAILED: {type(exc).__name__}: {str(exc)[:300]}")

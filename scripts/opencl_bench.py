@@ -18,20 +18,9 @@ import time
 import numpy as np
 
 import opruntime as opr
-from opruntime.kernels import Problem, c_strides
 from opruntime.ops import OPS
 from opruntime.plugins import registry
-
-
-def make_problem(op: str, device: str, shapes, dtype: str = "float32", **attrs) -> Problem:
-    norm = OPS[op].normalize([tuple(s) for s in shapes], dict(attrs))
-    return Problem(op, device, norm.shapes, (dtype,) * len(shapes), tuple(c_strides(s) for s in norm.shapes),
-                   norm.attrs, norm.out_shape, dtype)
-
-
-def rel_err(out, ref) -> float:
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+from opruntime.testing.numerics import rel_err
 
 
 def median_time(prov, fn, repeats: int) -> float:
@@ -49,18 +38,8 @@ def host_time(fn, repeats: int) -> float:
 
 
 def cuda_time(fn, repeats: int) -> float:
-    import cupy as cp
-
-    fn()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    ts = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
-    return float(np.median(ts))
+    """Seconds per call on cuda:0, from CUDA events (opruntime's CUDA provider)."""
+    return median_time(registry().device("cuda:0").provider, fn, repeats)
 
 
 def configs_of(kernel, problem):
@@ -69,7 +48,7 @@ def configs_of(kernel, problem):
 
 
 def bench_matmul(dev, sizes, peers, rows, repeats, verbose_build):
-    from opruntime_opencl import build
+    from opruntime_opencl import compile as cl_compile
 
     reg = registry()
     prov = dev.provider
@@ -78,7 +57,7 @@ def bench_matmul(dev, sizes, peers, rows, repeats, verbose_build):
     checks = []
     for sa, sb in (((3, 67, 129), (129, 65)), ((256, 256), (256, 256)), ((2, 1, 160, 96), (3, 96, 200))):
         ah, bh = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
-        checks.append((make_problem("matmul", dev.name, [sa, sb]), prov.from_host(ah), prov.from_host(bh),
+        checks.append((OPS["matmul"].problem_for(dev.name, [sa, sb], "float32"), prov.from_host(ah), prov.from_host(bh),
                        np.matmul(ah.astype(np.float64), bh)))
     refs = {}
     for n in sizes:
@@ -104,7 +83,7 @@ def bench_matmul(dev, sizes, peers, rows, repeats, verbose_build):
                 from opruntime_opencl import matmul as mm
 
                 try:
-                    prg = build.program(prov, build.source("matmul.cl"), mm.defines("float32", cfg), label="verbose",
+                    prg = cl_compile.program(prov, cl_compile.source("matmul.cl"), mm.defines("float32", cfg), label="verbose",
                                         extra=("-cl-nv-verbose",))
                     import pyopencl as cl
 
@@ -114,7 +93,7 @@ def bench_matmul(dev, sizes, peers, rows, repeats, verbose_build):
                 except Exception as exc:  # pragma: no cover - diagnostics only
                     print(f"  build log {label}: unavailable ({exc})")
             for n in sizes:
-                p = make_problem("matmul", dev.name, [(n, n), (n, n)])
+                p = OPS["matmul"].problem_for(dev.name, [(n, n), (n, n)], "float32")
                 if cfg not in configs_of(kernel, p):
                     continue
                 ah, bh, da, db, ref = refs[n]
@@ -147,7 +126,7 @@ def bench_softmax(dev, shapes, peers, rows, repeats, red_variants=False):
     for op in ("softmax", "log_softmax"):
         for kernel in reg.kernels_for(op, "opencl"):
             for r, c in shapes if op == "softmax" else shapes[:1]:  # log_softmax: the first shape only
-                p = make_problem(op, dev.name, [(r, c)], axis=1)
+                p = OPS[op].problem_for(dev.name, [(r, c)], "float32", axis=1)
                 xh = (rng.standard_normal((r, c)) * 4).astype(np.float32)
                 x = prov.from_host(xh)
                 ref = OPS[op].reference(xh, axis=1)

@@ -8,14 +8,11 @@ import pytest
 from conftest import TOLERANCE, random, rel_err
 from opruntime_numpy import conv
 
-from opruntime.kernels import Problem, c_strides
 from opruntime.ops import OPS
 
 
-def _problem(shapes, dtype, **attrs) -> Problem:
-    norm = OPS["conv2d"].normalize([tuple(s) for s in shapes], dict(attrs))
-    return Problem("conv2d", "cpu", norm.shapes, (dtype,) * len(shapes), tuple(c_strides(s) for s in norm.shapes),
-                   norm.attrs, norm.out_shape, dtype)
+def _problem(shapes, dtype, **attrs):
+    return OPS["conv2d"].problem_for("cpu", shapes, dtype, **attrs)
 
 
 ATTRS = [

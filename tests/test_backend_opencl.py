@@ -17,7 +17,7 @@ from conftest import TOLERANCE, random, rel_err
 
 import opruntime as opr
 from opruntime.errors import BackendUnavailable, FallbackWarning, KernelCompileError, KernelError
-from opruntime.kernels import Attrs, Kernel, Problem, c_strides
+from opruntime.kernels import Attrs, Kernel, Problem
 from opruntime.ops import OPS
 from opruntime.plugins import registry
 
@@ -47,9 +47,7 @@ def ocl(request) -> opr.Device:
 
 def problem(op: str, device: opr.Device, shapes, dtype: str, **attrs) -> Problem:
     """The Problem the frontend would build for contiguous operands of ``shapes``."""
-    norm = OPS[op].normalize([tuple(s) for s in shapes], dict(attrs))
-    return Problem(op, device.name, norm.shapes, (dtype,) * len(shapes), tuple(c_strides(s) for s in norm.shapes),
-                   norm.attrs, norm.out_shape, dtype)
+    return OPS[op].problem_for(device.name, shapes, dtype, **attrs)
 
 
 def need_dtype(device: opr.Device, dtype: str) -> None:

@@ -49,15 +49,15 @@ def kernels() -> list[Kernel]:
     for op in ("softmax", "log_softmax"):
         out += [
             #       op  name                      kind    dtypes  run                       supports      cost                        config_for
-            Kernel(op, f"cupy.{op}.warp", "cuda", DTYPES, _runner(op, "warp"), prepare=_preparer(op, "warp"), supports=_warp_ok,
+            Kernel(op, f"cupy.{op}.warp", "cuda", DTYPES, **_callables(op, "warp"), supports=_warp_ok,
                    cost=_cost("warp"), config_for=_warp_configs, configs=WARP_CONFIGS, source=src),
-            Kernel(op, f"cupy.{op}.block", "cuda", DTYPES, _runner(op, "block"), prepare=_preparer(op, "block"), supports=_block_ok,
+            Kernel(op, f"cupy.{op}.block", "cuda", DTYPES, **_callables(op, "block"), supports=_block_ok,
                    cost=_cost("block"), config_for=_block_configs, configs=BLOCK_CONFIGS, source=src),
-            Kernel(op, f"cupy.{op}.cluster", "cuda", DTYPES, _runner(op, "cluster"), prepare=_preparer(op, "cluster"), supports=_cluster_ok,
+            Kernel(op, f"cupy.{op}.cluster", "cuda", DTYPES, **_callables(op, "cluster"), supports=_cluster_ok,
                    cost=_cost("cluster"), config_for=_cluster_configs, configs=CLUSTER_CONFIGS, source=src),
-            Kernel(op, f"cupy.{op}.online", "cuda", DTYPES, _runner(op, "online"), prepare=_preparer(op, "online"), supports=_rows_ok,
+            Kernel(op, f"cupy.{op}.online", "cuda", DTYPES, **_callables(op, "online"), supports=_rows_ok,
                    cost=_cost("online"), config_for=_online_configs, configs=ONLINE_CONFIGS, source=src),
-            Kernel(op, f"cupy.{op}.strided", "cuda", DTYPES, _runner(op, "strided"), prepare=_preparer(op, "strided"),
+            Kernel(op, f"cupy.{op}.strided", "cuda", DTYPES, **_callables(op, "strided"),
                    cost=_cost("strided"), configs=STRIDED_CONFIGS, source=src),
         ]
     return out
@@ -227,37 +227,26 @@ def per_problem(tag: str, problem: Problem, config: Mapping[str, Any], build: Ca
     hit = _launches.get((tag, id(problem), id(config)))
     if hit is not None and hit[0] is problem and hit[1] is config:
         return hit[2]
-    return remember(tag, problem, config, build())
-
-
-def remember(tag: str, problem: Problem, config: Mapping[str, Any], fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = build()
     if len(_launches) > 4096:
         _launches.clear()
     _launches[(tag, id(problem), id(config))] = (problem, config, fn)
     return fn
 
 
-def _runner(op: str, family: str) -> Callable[..., Any]:
-    launches, tag = _launches, f"{op}.{family}"
-
-    def run(problem: Problem, config: Mapping[str, Any], x: Any) -> Any:
-        hit = launches.get((tag, id(problem), id(config)))  # the hot path: one lookup, then the launch
-        if hit is not None and hit[0] is problem and hit[1] is config:
-            return hit[2](x)
-        return remember(tag, problem, config, _build(op, family, problem, config))(x)
-
-    run.__name__ = f"{op}_{family}"
-    return run
-
-
-def _preparer(op: str, family: str) -> Callable[[Problem, Mapping[str, Any]], Callable[..., Any]]:
-    """``prepare(problem, config)``: the launcher itself, for a plan to call without the lookup."""
+def _callables(op: str, family: str) -> dict[str, Callable[..., Any]]:
+    """``run`` and ``prepare`` of one family: ``prepare(problem, config)`` is the launcher of that
+    (problem, config), built once; ``run`` calls it."""
     tag = f"{op}.{family}"
 
     def prepare(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
         return per_problem(tag, problem, config, lambda: _build(op, family, problem, config))
 
-    return prepare
+    def run(problem: Problem, config: Mapping[str, Any], x: Any) -> Any:
+        return prepare(problem, config)(x)
+
+    run.__name__ = f"{op}_{family}"
+    return {"run": run, "prepare": prepare}
 
 
 def _defines(family: str, problem: Problem, config: Mapping[str, Any], vec: int) -> dict[str, int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -117,8 +118,8 @@ class JitKernel:
 
     ``JitKernel(name, build).run`` is the kernel's ``run(problem, config, *arrays)``: a plain
     closure (cheaper to call than a method) that finds the jitted function by the problem's
-    identity and calls it; ``run.jit`` leads back here. ``prepare`` hands a plan the jitted
-    function itself; ``Kernel(..., **JitKernel(name, build).callables())`` sets both.
+    identity and calls it; ``run.jit`` leads back here. ``prepare`` hands a plan that launcher
+    itself; ``Kernel(..., **JitKernel(name, build).callables())`` sets both.
     """
 
     __slots__ = ("build", "fast", "jitted", "name", "run")
@@ -133,11 +134,7 @@ class JitKernel:
         def run(problem: Problem, config: Mapping[str, Any], *arrays: Any) -> Any:
             hit = fast_get(id(problem))
             if hit is not None and hit[0] is problem and hit[1] is config:
-                try:
-                    return hit[2](*arrays)
-                except Exception as exc:
-                    _raise_oom(exc, name, problem)
-                    raise
+                return hit[2](*arrays)
             return miss(problem, config, arrays)
 
         run.jit = self  # type: ignore[attr-defined]
@@ -149,19 +146,12 @@ class JitKernel:
         return {"run": self.run, "prepare": self.prepare}
 
     def prepare(self, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
-        """The jitted function of this problem (compiled by ``run`` already), called with nothing
-        around it but the out-of-memory translation."""
-        fn = self.jitted.get(self.static_key(problem, config)) or self._compile(problem, config)
-        name = self.name
-
-        def launch(*arrays: Any) -> Any:
-            try:
-                return fn(*arrays)
-            except Exception as exc:
-                _raise_oom(exc, name, problem)
-                raise
-
-        return launch
+        """The launcher ``run`` keeps for this problem (the jitted function behind the
+        out-of-memory translation); ``run`` itself if the problem has been forgotten since."""
+        hit = self.fast.get(id(problem))
+        if hit is not None and hit[0] is problem and hit[1] is config:
+            return hit[2]
+        return functools.partial(self.run, problem, config)
 
     def static_key(self, problem: Problem, config: Mapping[str, Any]) -> tuple:
         import jax
@@ -177,7 +167,7 @@ class JitKernel:
             fn = self.jitted[key] = self._compile(problem, config)
         if len(self.fast) >= self.FAST_MAX:
             self.fast.clear()
-        self.fast[id(problem)] = (problem, config, fn)
+        self.fast[id(problem)] = (problem, config, _guarded(fn, self.name, problem))
         try:
             return fn(*arrays)
         except Exception as exc:
@@ -205,6 +195,19 @@ class JitKernel:
                 return jitted(*arrays)
 
         return in_x64
+
+
+def _guarded(fn: Callable[..., Any], name: str, problem: Problem) -> Callable[..., Any]:
+    """``fn`` with JAX's out-of-memory errors raised as :class:`OutOfMemoryError`."""
+
+    def launch(*arrays: Any) -> Any:
+        try:
+            return fn(*arrays)
+        except Exception as exc:
+            _raise_oom(exc, name, problem)
+            raise
+
+    return launch
 
 
 def _raise_oom(exc: Exception, name: str, problem: Problem) -> None:

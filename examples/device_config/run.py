@@ -24,6 +24,7 @@ os.environ.setdefault("OPRUNTIME_CONFIG", str(Path(__file__).with_name("opruntim
 import opruntime as opr  # after the environment is set
 from opruntime.config import settings
 from opruntime.ops import OPS
+from opruntime.testing.numerics import rel_err
 
 
 def main() -> int:
@@ -43,7 +44,7 @@ def main() -> int:
         out = getattr(opr, op)(*args, **attrs)
         chosen = opr.explain(op, *args, **attrs).chosen
         ref = OPS[op].reference(*args, **attrs)
-        err = float(np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref))
+        err = rel_err(out.numpy(), ref)
         failed += not err < 1e-5
         where = s.origin.get(f"ops.{op}", s.origin.get("device", "default"))
         print(f"{op:<12} on {out.device.name:<10} kernel {chosen:<34} rel. error {err:.1e}   (device from {where})")

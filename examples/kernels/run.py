@@ -15,6 +15,7 @@ import numpy as np
 import opruntime as opr
 from opruntime.ops import OPS
 from opruntime.plugins import registry
+from opruntime.testing.numerics import rel_err
 
 sys.path.insert(0, str(Path(__file__).parent))
 import cuda_softmax  # noqa: E402
@@ -23,10 +24,6 @@ import pallas_softmax  # noqa: E402
 
 MODULES = (opencl_softmax, cuda_softmax, pallas_softmax)
 SHAPES = [(37, 1000), (4, 5, 129), (1, 3)]
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
 
 
 def main() -> int:

@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import config as _config
 from .. import selector
 from ..config import resolve_device, settings
 from ..devices import Device
 from ..errors import DeviceMismatchError, DtypeError
-from ..kernels import Attrs, Problem
+from ..kernels import Attrs, Problem, c_strides
 from ..plugins import registry
 from ..tensor import Tensor, signature_id
 
@@ -33,7 +32,6 @@ FLOAT_ORDER = ("float16", "bfloat16", "float32", "float64")
 
 
 _plans_get = selector.plans.get  # the plan cache is one dict for the process (cleared, never replaced)
-_override_get = _config._override.get  # context overrides (opr.device / opr.configure as a context)
 
 
 def result_dtype(op: str, dtypes: Sequence[np.dtype]) -> str:
@@ -100,9 +98,7 @@ class Operator(abc.ABC):
         The hot path (no ``device=``, every operand a Tensor or a NumPy array, a plan cached) builds
         the key from each Tensor's kept signature id and calls the plan; anything else places the
         operands, validates and plans (once per distinct call)."""
-        s = _config._base
-        if s is None or _override_get():
-            s = settings()
+        s = settings()
         fast_key = None
         if device is None:
             key: list[Any] = [self.name, s, attrs]
@@ -144,7 +140,7 @@ class Operator(abc.ABC):
         unhashable attributes); the same key as the hot path builds from Tensors."""
         key = [self.name, s, tuple(attrs.items())]
         for d in datas:
-            key.append(signature_id((dev.name, d.shape, d.dtype, getattr(d, "strides", None))))
+            key.append(signature_id(dev.name, d))
         return tuple(key)
 
     def problem(self, datas: list[Any], dev: Device, attrs: dict[str, Any]) -> tuple[Problem, Normalized, tuple[bool, ...]]:
@@ -162,6 +158,13 @@ class Operator(abc.ABC):
                           norm.out_shape, dtype)
         casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
         return problem, norm, casts
+
+    def problem_for(self, device: str, shapes: Sequence[Sequence[int]], dtype: str, **attrs: Any) -> Problem:
+        """The Problem the frontend builds for C-contiguous operands of ``shapes`` in ``dtype`` on
+        ``device`` (a name): for tests, benchmarks and tools that have shapes, not arrays."""
+        norm = self.normalize([tuple(s) for s in shapes], dict(attrs))
+        return Problem(self.name, device, norm.shapes, (dtype,) * len(shapes), tuple(c_strides(s) for s in norm.shapes),
+                       norm.attrs, norm.out_shape, dtype)
 
     def plan(self, datas: list[Any], dev: Device, attrs: dict[str, Any], s: Any) -> selector.Plan:
         """Validate the call and ask the selector for a plan (the slow path of a call)."""

@@ -12,14 +12,7 @@ import pytest
 import opruntime as opr
 from opruntime.ops import OPS
 from opruntime.plugins import registry
-
-TOL = {"float32": 1e-5, "float64": 1e-12}
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    assert out.shape == ref.shape
-    return float(np.linalg.norm(out - ref) / (np.linalg.norm(ref) or 1.0))  # log_softmax of one element is 0
+from opruntime.testing.numerics import TOLERANCE, rel_err
 
 
 @pytest.fixture
@@ -51,7 +44,7 @@ def test_matmul(rng: np.random.Generator, shapes, dtype: str) -> None:
     a, b = (rng.standard_normal(s).astype(dtype) for s in shapes)
     out = opr.matmul(a, b, device="demo:0")
     assert out.device == "demo:0" and out.dtype == dtype
-    assert rel_err(out.numpy(), OPS["matmul"].reference(a, b)) < TOL[dtype]
+    assert rel_err(out.numpy(), OPS["matmul"].reference(a, b)) < TOLERANCE[dtype]
 
 
 def test_matmul_strided(rng: np.random.Generator) -> None:
@@ -83,7 +76,7 @@ def test_conv2d(rng: np.random.Generator, attrs: dict, bias: bool, dtype: str) -
     b = rng.standard_normal(6).astype(dtype) if bias else None
     out = opr.conv2d(x, w, b, device="demo:0", **attrs)
     ref = OPS["conv2d"].reference(x, w, b, **attrs)
-    assert rel_err(out.numpy(), ref) < TOL[dtype]
+    assert rel_err(out.numpy(), ref) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
