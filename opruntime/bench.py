@@ -24,10 +24,9 @@ from typing import Any
 import numpy as np
 
 from .devices import Device
-from .kernels import Problem
+from .kernels import Problem, np_dtype
 from .ops import OPS
 from .tensor import Tensor
-from .tuning import random_host
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,9 @@ SUITES: dict[str, list[Case]] = {
     ],
 }
 SUITES["demo"] = SUITES["cpu"] + SUITES["overhead"]
+#: rounds at least, with ``--kernels``: telling candidates 1-2% apart needs more than the peers do
+KERNEL_ROUNDS = 61
+SELECTION_WITHIN = 0.02  # the selected kernel should be this close to the fastest candidate
 
 
 @dataclass
@@ -103,59 +105,104 @@ class Result:
     error: str = ""
     flops: float = math.nan  # floating-point operations of one call (the roofline's numerator)
     bytes: float = math.nan  # bytes of operands and result (its denominator)
+    #: each peer's time / ours, the median of the per-round ratios (see ``paired_ratio``)
+    peer_ratios: dict[str, float] = field(default_factory=dict)
+    #: each candidate's time / the chosen kernel's, likewise (``--kernels``)
+    vs_chosen: dict[str, float] = field(default_factory=dict)
+    #: how much slower the chosen kernel is than the fastest candidate (0.012: 1.2%; 0: it is the fastest)
+    selection_gap: float = math.nan
 
     @property
     def overhead_s(self) -> float:
         return self.time_s - self.direct_s
 
     def ratios(self) -> dict[str, float]:
+        """Peer time / our time per peer: above 1, opruntime is faster."""
+        if self.peer_ratios:
+            return dict(self.peer_ratios)
         return {k: v / self.time_s for k, v in self.peers.items() if math.isfinite(v)}
 
 
 Timed = tuple[Callable[[], Any], Callable[[], Any]]  # (call, sync)
 
 
-def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: float = 2e-3) \
-        -> tuple[dict[str, float], dict[str, str]]:
-    """Median seconds per call of each contender, and the error of each that raised.
+def measure_rounds(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: float = 2e-3,
+                   idle: Callable[[], Any] | None = None) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Seconds per call of each contender, one sample per round, and the error of each that raised.
 
     Each contender is warmed up and sized to batches of about ``batch_s`` of back-to-back calls
-    ended by one sync; then the batches run round-robin, one of each contender per repeat, so a
-    slow spell of the machine (other tenants, clocks) falls on all of them alike and the ratios
-    between them hold even when the absolute times wander. The order is shuffled every repeat, so
+    ended by its own sync; then the batches run round-robin, one of each contender per round, so
+    a slow spell of the machine (other tenants, clocks) falls on all of them alike and the ratios
+    between them hold even when the absolute times wander. The order is shuffled every round, so
     no contender always follows the same one (a runtime still freeing buffers or a GPU still hot
-    from a heavy batch, a cache another has filled).
+    from a heavy batch, a cache another has filled). ``idle()`` (the device's synchronize) runs
+    before each batch, untimed: no batch starts while another's work is still queued.
     """
     sizes: dict[str, int] = {}
     errors: dict[str, str] = {}
     for name, (fn, sync) in contenders.items():
         try:
-            fn()
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            sizes[name] = max(1, min(2000, int(batch_s / max(time.perf_counter() - t0, 1e-8))))
+            sizes[name] = batch_size(fn, sync, batch_s)
         except Exception as exc:  # reported by the caller; the others are still timed
             errors[name] = f"{type(exc).__name__}: {exc}"
-    times: dict[str, list[float]] = {name: [] for name in sizes}
+    samples: dict[str, list[float]] = {name: [] for name in sizes}
     names = list(sizes)
     order = random.Random(0)
     for _ in range(repeats):
-        order.shuffle(names)  # a new order every repeat: nobody always runs after the same one
+        order.shuffle(names)  # a new order every round: nobody always runs after the same one
         for name in names:
             if name in errors:
                 continue
             (fn, sync), n = contenders[name], sizes[name]
             try:
+                if idle is not None:
+                    idle()
                 t0 = time.perf_counter()
                 for _ in range(n):
                     fn()
                 sync()
-                times[name].append((time.perf_counter() - t0) / n)
+                samples[name].append((time.perf_counter() - t0) / n)
             except Exception as exc:
                 errors[name] = f"{type(exc).__name__}: {exc}"
-    return {name: statistics.median(t) for name, t in times.items() if t and name not in errors}, errors
+    return {name: t for name, t in samples.items() if t and name not in errors}, errors
+
+
+def batch_size(fn: Callable[[], Any], sync: Callable[[], Any], batch_s: float) -> int:
+    """How many back-to-back calls of ``fn`` take about ``batch_s``: after a warm-up call, runs of
+    1, 4, 16, ... calls, from the fastest per-call time seen once two runs have lasted a quarter of
+    ``batch_s``. (Sized from one call, a contender whose call met a hiccup got batches of a call or
+    two, and each batch's launch and sync latency, tens of microseconds, counted as its own time
+    for the whole run.)"""
+    fn()
+    sync()
+    m, per, long_runs = 1, math.inf, 0
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(m):
+            fn()
+        sync()
+        took = time.perf_counter() - t0
+        per = min(per, took / m)
+        if took >= batch_s / 4 or m >= 1024:
+            long_runs += 1
+            if long_runs == 2:
+                return max(1, min(2000, int(batch_s / max(per, 1e-9))))
+        else:
+            m *= 4
+
+
+def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: float = 2e-3,
+                idle: Callable[[], Any] | None = None) -> tuple[dict[str, float], dict[str, str]]:
+    """Median seconds per call of each contender (:func:`measure_rounds`), and the errors."""
+    samples, errors = measure_rounds(contenders, repeats, batch_s, idle)
+    return {name: statistics.median(t) for name, t in samples.items()}, errors
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """The median over rounds of ``a / b`` for two contenders timed in the same rounds: each
+    round's ratio compares batches run moments apart, so the machine's slow spells cancel, which
+    the ratio of the two medians does not do."""
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def measure(fn: Callable[[], Any], sync: Callable[[], Any], repeats: int = 15, batch_s: float = 2e-3) -> float:
@@ -167,16 +214,17 @@ def measure(fn: Callable[[], Any], sync: Callable[[], Any], repeats: int = 15, b
 
 
 def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
-    """Random normal operands (never zeros) for ``case`` on ``device``."""
-    rng = np.random.default_rng(seed)
-    prov = device.provider
-    out = []
-    for s in case.shapes:
-        data = prov.from_host(random_host(rng, s, case.dtype))
-        if case.dtype == "bfloat16":
-            data = prov.astype(data, _bfloat16())
-        out.append(Tensor._wrap(data, device))
-    return out
+    """Random normal operands (never zeros) for ``case`` on ``device``, drawn there."""
+    dtype, draw = np_dtype(case.dtype), device.provider.random_normal
+    return [Tensor._wrap(draw(shape, dtype, seed + i), device) for i, shape in enumerate(case.shapes)]
+
+
+def random_host(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Random normal values of ``shape`` for ``dtype`` on the host: float64 for float64, else
+    float32 (bfloat16 has no NumPy dtype; float16 is cast), drawn in float32 directly, which is
+    4x faster than drawing float64 and casting (0.15 s for a 4096x4096 operand)."""
+    host = rng.standard_normal(shape, dtype=np.float64 if dtype == "float64" else np.float32)
+    return host.astype(np.float16) if dtype == "float16" else host
 
 
 def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = False,
@@ -193,7 +241,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
     try:
         tensors = [Tensor._wrap(prov.from_host(h), device) for h in host]
         if case.dtype == "bfloat16":
-            tensors = [Tensor._wrap(prov.astype(t.data, _bfloat16()), device) for t in tensors]
+            tensors = [Tensor._wrap(prov.astype(t.data, np_dtype("bfloat16")), device) for t in tensors]
         public = getattr(importlib.import_module("opruntime"), case.op)  # what users call
         last: list[Any] = [None]  # each contender waits for its own last result, as the peers do
 
@@ -204,7 +252,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
             last[0] = public(*tensors, **attrs).data
 
         contenders: dict[str, Timed] = {"opruntime": (ours, wait_last)}
-        public(*tensors, **attrs)  # plans (and tunes, when asked) before anything is timed
+        first = prov.to_host(public(*tensors, **attrs).data)  # plans (and tunes, when asked) before timing
         plan = op.plan([t.data for t in tensors], device, attrs, _settings())
         problem: Problem = plan.problem
         datas = [t.data for t in tensors]
@@ -226,30 +274,63 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
                 contenders[f"peer:{name}"] = made
         except Exception as exc:  # a peer that cannot run this case is skipped, with the reason
             print(f"  peer {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    times, errors = measure_all(contenders, repeats)
+    samples, errors = measure_rounds(contenders, max(repeats, KERNEL_ROUNDS) if kernels else repeats,
+                                     idle=prov.synchronize)
     if "opruntime" in errors:
         res.error = errors["opruntime"]
         return res
-    res.time_s = times["opruntime"]
-    res.direct_s = times.get("direct", math.nan)
-    if kernels and plan.order:
+    ours, direct = samples["opruntime"], samples.get("direct")
+    res.time_s = statistics.median(ours)
+    res.direct_s = statistics.median(direct) if direct else math.nan
+    if kernels and direct:
         res.candidates[plan.order[0].label] = res.direct_s
-    for name, t in times.items():
+        res.vs_chosen[plan.order[0].label] = 1.0
+    for name, t in samples.items():
         kind, _, label = name.partition(":")
         if kind == "kernel":
-            res.candidates[label] = t
+            res.candidates[label] = statistics.median(t)
+            if direct:
+                res.vs_chosen[label] = paired_ratio(t, direct)
         elif kind == "peer":
-            res.peers[label] = t
+            res.peers[label] = statistics.median(t)
+            res.peer_ratios[label] = paired_ratio(t, ours)
     for name, err in errors.items():  # a failing candidate or peer is reported, not fatal
         print(f"  {name}: {err}", file=sys.stderr)
         if name.startswith("kernel:"):
             res.candidates[name.partition(":")[2]] = math.nan
+    if len(res.vs_chosen) > 1:
+        res.selection_gap = max(0.0, 1 / min(res.vs_chosen.values()) - 1)
+    res.error = check_result(op, case, host, res.flops, first, prov.to_host(public(*tensors, **attrs).data))
     res.select_s = select_time(op, tensors, attrs, repeats)
     if case.op in ("softmax", "log_softmax"):
         res.rate, res.unit = res.bytes / res.time_s / 1e9, "GB/s"
     else:
         res.rate, res.unit = res.flops / res.time_s / 1e9, "GFLOP/s"
     return res
+
+
+#: the float64 reference is computed on the host for cases up to this many floating-point operations
+REFERENCE_FLOPS = 1e9
+
+
+def check_result(op: Any, case: Case, host: Sequence[np.ndarray], flops: float, first: np.ndarray,
+                 final: np.ndarray) -> str:
+    """Why the timed calls cannot be trusted, or "": opruntime's answer after the timing must be the
+    one it gave first (a kernel that reads freed memory, or races, changes it), and, where the
+    host can afford the float64 reference, right."""
+    from .testing.numerics import TOLERANCE, rel_err
+
+    tol = TOLERANCE[case.dtype]
+    drift = rel_err(final.astype(np.float64), first.astype(np.float64))
+    if not drift <= tol:
+        return (f"wrong result: after the timing, opruntime's answer differs from its first by {drift:.1e} "
+                f"(relative; tolerance {tol:g}): a kernel whose answer changes from call to call")
+    if flops <= REFERENCE_FLOPS:
+        ref = op.reference(*(h.astype(np.float64) for h in host), **dict(case.attrs))
+        err = rel_err(first.astype(np.float64).reshape(ref.shape), ref)
+        if not err <= tol:
+            return f"wrong result: {err:.1e} from the float64 reference (relative; tolerance {tol:g})"
+    return ""
 
 
 def _keeping(run: Callable[[], Any], last: list[Any]) -> Callable[[], None]:
@@ -283,12 +364,6 @@ def _no_plan(datas: Any) -> None:
     return None
 
 
-def _bfloat16() -> np.dtype:
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
-
-
 def _settings() -> Any:
     from .config import settings
 
@@ -309,14 +384,29 @@ def format_table(results: Sequence[Result]) -> str:
         rows.append([r.op, r.problem, r.dtype, r.device, r.kernel, _t(r.time_s), f"{r.rate:,.1f} {r.unit}",
                      _t(r.overhead_s) if math.isfinite(r.overhead_s) else "-", _t(r.select_s)]
                     + [f"{ratios[p]:.2f}x" if p in ratios else "-" for p in peer_names])
-        for name, t in sorted(r.candidates.items(), key=lambda kv: kv[1]):
-            rows.append(["", "", "", "", f"  {name}", _t(t), f"{r.time_s / t:.2f}x of chosen" if t else "", "", ""]
+        for name, t in sorted(r.candidates.items(), key=lambda kv: r.vs_chosen.get(kv[0], math.inf)):
+            vs = r.vs_chosen.get(name)
+            rows.append(["", "", "", "", f"  {name}", _t(t), f"{vs:.3f}x the chosen" if vs else "", "", ""]
                         + [""] * len(peer_names))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    legend = ("(vs X = X's time / opruntime's time: above 1 means opruntime is faster; overhead = opruntime call"
-              " - direct kernel;\n select = a cache-hit selection: the call's key built and looked up)")
-    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows), legend])
+    legend = ("(vs X = X's time / opruntime's time, the median of per-round ratios: above 1 means opruntime is"
+              " faster;\n overhead = opruntime call - direct kernel; select = a cache-hit selection: the call's key"
+              " built and looked up)")
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows), legend, *selection_summary(results)])
+
+
+def selection_summary(results: Sequence[Result]) -> list[str]:
+    """One line on how close the selected kernels came to the fastest candidate (``--kernels``)."""
+    checked = [r for r in results if math.isfinite(r.selection_gap)]
+    if not checked:
+        return []
+    over = [r for r in checked if r.selection_gap > SELECTION_WITHIN]
+    worst = max(checked, key=lambda r: r.selection_gap)
+    line = (f"selection: the chosen kernel is within {SELECTION_WITHIN:.0%} of the fastest candidate in "
+            f"{len(checked) - len(over)} of {len(checked)} cases (worst {worst.selection_gap:.1%}: {worst.op} "
+            f"{worst.problem} {worst.dtype})")
+    return [line] + [f"  over: {r.op} {r.problem} {r.dtype} on {r.device}: {r.selection_gap:.1%}" for r in over]
 
 
 def _t(s: float) -> str:

@@ -173,3 +173,12 @@ def roofline(flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float
 def itemsize(dtype: str) -> int:
     """Bytes per element of a dtype name (bfloat16 included)."""
     return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
+def np_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a dtype name; ``bfloat16`` through ml_dtypes (imported on demand)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

@@ -111,7 +111,51 @@ def test_top_k_keeps_vendor(fake, rng):
     assert status["fake.matmul.a"] == "ok" and status["fake.matmul.c"] == "ok"
 
 
-def test_ties_give_a_stable_choice(fake, rng):
+def test_vendor_is_timed_first(fake, rng, monkeypatch):
+    fake.knobs["c"].vendor = True  # the highest estimate: timed first all the same, as the baseline
+    opr.unregister("fake")
+    opr.register(fake, name="fake")
+    seen = []
+    monkeypatch.setattr(tuning, "reporter", lambda i, n, c: seen.append(c and c.kernel.name))
+    opr.configure(tune="autotune")
+    opr.matmul(*operands(rng))
+    assert seen == ["fake.matmul.c", "fake.matmul.a", "fake.matmul.b", None]
+
+
+def test_budget_stops_before_a_candidate_that_would_overrun_it(fake, rng):
+    # each candidate takes ~8 runs of 30 ms (warm-up, first, 3 timed, 3 back to back): 0.24 s;
+    # with 0.3 s the second would end at ~0.5 s, so it is not started
+    delays(fake, a=0.03, b=0.03, c=0.03)
+    opr.configure(tune="autotune", tune_budget=0.3)
+    status = {c.kernel.name: c.status for c in opr.explain("matmul", *operands(rng)).candidates}
+    assert status["fake.matmul.a"] == "ok"
+    assert status["fake.matmul.b"].startswith("not timed: the 0.3 s tuning budget was spent")
+    assert status["fake.matmul.c"].startswith("not timed")
+
+
+def test_first_use_in_autotune_mode_retimes_near_ties(fake, rng):
+    delays(fake, a=0.010, b=0.0102, c=0.05)  # a and b within 5%: a near tie
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    assert opr.explain("matmul", a, b).chosen == "fake.matmul.a"
+    forget_decisions()  # a new process, where b happens to be the faster one
+    delays(fake, a=0.02, b=0.010)
+    runs_c = fake.calls["run:c"]
+    e = opr.explain("matmul", a, b)
+    assert e.chosen == "fake.matmul.b" and "tuned earlier" in e.why and "2 near ties re-timed here" in e.why
+    assert "fake.matmul.b faster by" in e.why
+    assert fake.calls["run:c"] == runs_c  # the far candidate is not timed again
+    assert next(cache.tuning_cache().entries()).kernel == "fake.matmul.a"  # the cache keeps its entry
+    forget_decisions()
+    opr.configure(tune="heuristic")  # no timing outside autotune mode: the cached winner
+    e = opr.explain("matmul", a, b)
+    assert e.chosen == "fake.matmul.a" and "re-timed" not in e.why
+
+
+def test_ties_give_a_stable_choice(fake, rng, monkeypatch):
+    # the re-check of near ties on first use keeps the cached winner unless another is faster by
+    # the margin; a wide margin here, so that the VM's jitter between equal kernels stays inside it
+    monkeypatch.setattr(tuning, "RECHECK_MARGIN", 0.5)
     opr.configure(tune="autotune")
     a, b = operands(rng)
     first = opr.explain("matmul", a, b).chosen

@@ -13,8 +13,10 @@ baseline im2col + cuBLAS.
   than the direct GEMM), an output transform.
 * ``depthwise`` (``conv_depthwise.cu``): groups == C (one input channel per group, any channel
   multiplier): a direct kernel, one thread per output element.
-* ``im2col_cublas`` (vendor): a column buffer from ``conv_im2col.cu``, then ``cupy.matmul``
-  (cuBLAS); a 1x1 stride-1 unpadded convolution is one batched GEMM on the input itself.
+* ``im2col_cublas`` (vendor): a column buffer from ``conv_im2col.cu``, then cuBLAS
+  (cuBLAS, one strided-batched GEMM per group); a 1x1 stride-1 unpadded convolution without bias
+  is that GEMM on the input itself. A bias is a row of ones in the column buffer and a column of
+  the weights, so the GEMM adds it before its one rounding.
 
 The selector ranks them by ``cost``: roofline times from the device's figures, scaled by the
 efficiency each kernel reached when measured (docs/notes-cuda-softmax-conv.md).
@@ -38,7 +40,9 @@ DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 DTYPES = frozenset(DTYPE_CODE)
 HALVES = frozenset({"float16", "bfloat16"})
 WINO_DTYPES = frozenset({"float32"})
-VENDOR_DTYPES = frozenset({"float16", "float32", "float64"})  # cupy.matmul has no bfloat16
+VENDOR_DTYPES = DTYPES
+#: cudaDataType and cuBLAS compute type of each dtype: fp32 accumulation (fp64 for fp64), no TF32
+CUBLAS_TYPES = {"float32": (0, 68), "float64": (1, 70), "float16": (2, 68), "bfloat16": (14, 68)}
 LAUNCH_S = 4e-6
 TAB_INVALID = 1 << 29
 INT_MAX = 2**31 - 1
@@ -230,11 +234,11 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
                     + 3 * LAUNCH_S)
         if kind == "depthwise":
             return max(cv.flops / (peak * 0.25), io / (bw * EFFICIENCY["depthwise"])) + LAUNCH_S
-        # vendor: the column buffer written and read back, the GEMM, the bias pass
-        cols = 0 if _pointwise(cv) else cv.n * cv.groups * cv.crs * cv.p * cv.q * isz
+        # vendor: the column buffer (with the bias row) written and read back, then the GEMM
+        rows = cv.crs + cv.has_bias
+        cols = 0 if _pointwise(cv) and not cv.has_bias else cv.n * cv.groups * rows * cv.p * cv.q * isz
         gemm = cv.flops / ((f16 * EFFICIENCY["gemm16"]) if problem.dtype in HALVES else peak * EFFICIENCY["gemm32"])
-        bias = 2 * math.prod(problem.out_shape) * isz / bw if cv.has_bias else 0.0
-        return max(gemm, io / bw) + 2 * cols / (bw * EFFICIENCY["cols"]) + bias + 2 * LAUNCH_S
+        return max(gemm, io / bw) + 2 * cols / (bw * EFFICIENCY["cols"]) + 2 * LAUNCH_S
 
     return cost
 
@@ -382,6 +386,30 @@ def _pointwise(cv: Conv) -> bool:
             and cv.p == cv.h and cv.q == cv.w and tuple(cv.sx) == c_strides((cv.n, cv.c, cv.h, cv.w)))
 
 
+def _batched_gemm(dtype: str, n: int, g: int, kg: int, k: int, pq: int) -> Callable[[Any, Any, Any], None]:
+    """``gemm(w, cols, y)``: ``y[i, gi] = w[gi] @ cols[i, gi]`` for every image i and group gi, with
+    w (g, kg, k), cols (n, g, k, pq) and y (n, g * kg, pq) contiguous: one strided-batched cuBLAS
+    call per group, the weight shared by the batch (stride 0). ``cupy.matmul`` broadcasts a
+    shared operand with ~200 us of host work per call on the H100's host, more than the GEMM."""
+    from cupy.cuda import cublas, device
+
+    dt, compute = CUBLAS_TYPES[dtype]
+    isz = itemsize(dtype)
+    scale = np.float64 if dtype == "float64" else np.float32
+    one, zero = np.ones(1, scale), np.zeros(1, scale)  # alpha and beta, read by cuBLAS from the host
+
+    def gemm(w: Any, cols: Any, y: Any) -> None:
+        handle = device.get_cublas_handle()
+        alpha, beta = one.ctypes.data, zero.ctypes.data  # (naming the arrays here keeps them alive)
+        a, b, c = cols.data.ptr, w.data.ptr, y.data.ptr
+        for gi in range(g):  # column-major: y^T (pq x kg) = cols^T (pq x k) . w^T (k x kg)
+            cublas.gemmStridedBatchedEx(handle, 0, 0, pq, kg, k, alpha, a + gi * k * pq * isz, dt, pq, g * k * pq,
+                                        b + gi * kg * k * isz, dt, k, 0, beta, c + gi * kg * pq * isz, dt, pq,
+                                        g * kg * pq, n, compute, -1)
+
+    return gemm
+
+
 def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
     import cupy
 
@@ -390,17 +418,18 @@ def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Cal
     n, g, kg, pq = cv.n, cv.groups, cv.kg, cv.p * cv.q
     shape = problem.out_shape
     fix = _operands(cv)
-    if _pointwise(cv):
+    if _pointwise(cv) and not cv.has_bias:
+        pointwise = _batched_gemm(problem.dtype, n, g, kg, cv.cg, pq)
+
         def gemm(x: Any, w: Any, b: Any) -> Any:
             y = empty(shape, x.dtype, name)
-            cupy.matmul(w.reshape(g, kg, cv.cg), x.reshape(n, g, cv.cg, pq), out=y.reshape(n, g, kg, pq))
-            if b is not None:
-                y += b.reshape(1, -1, 1, 1)
+            pointwise(w, x, y)
             return y
 
         return _launcher(dev, fix, gemm)
     threads = config["threads"]
-    total = n * g * cv.crs * pq
+    rows = cv.crs + cv.has_bias  # with a bias, a row of ones: see conv_im2col.cu
+    total = n * g * rows * pq
     d = {"DTYPE": DTYPE_CODE[problem.dtype], "THREADS": threads, "IDX": "int" if total < 2**30 else "long long"}
     fn = cc.get_function("conv_im2col.cu", "conv_im2col", d, dev, kernel=name)
     grid = min(-(-total // threads), 2**30 // threads if total < 2**30 else 1 << 20)
@@ -408,13 +437,16 @@ def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Cal
         tab = cupy.asarray(cv.table())
     params = cv.params()
 
+    gemm = _batched_gemm(problem.dtype, n, g, kg, rows, pq)
+
     def body(x: Any, w: Any, b: Any) -> Any:
-        cols = empty((n, g, cv.crs, pq), x.dtype, f"{name} column buffer")
-        fn((grid,), (threads,), (x, cols, tab, params, total, g))
+        cols = empty((n, g, rows, pq), x.dtype, f"{name} column buffer")
+        fn((grid,), (threads,), (x, cols, tab, params, total, g, rows))
         y = empty(shape, x.dtype, name)
-        cupy.matmul(w.reshape(g, kg, cv.crs), cols, out=y.reshape(n, g, kg, pq))
+        wk = w.reshape(g, kg, cv.crs)
         if b is not None:
-            y += b.reshape(1, -1, 1, 1)
+            wk = cupy.concatenate([wk, b.reshape(g, kg, 1)], axis=2)
+        gemm(wk, cols, y)
         return y
 
     return _launcher(dev, fix, body)

@@ -132,6 +132,14 @@ class CudaDevice(DeviceProvider):
     def owns(self, data: Any) -> bool:
         return isinstance(data, self.array_types) and data.device.id == self.index
 
+    def random_normal(self, shape: tuple[int, ...], dtype: np.dtype, seed: int) -> Any:
+        """Drawn on the device by cuRAND rather than on the host and copied."""
+        cp = self._cupy
+        wide = np.float64 if dtype == np.float64 else np.float32
+        with self._device, oom_guard(f"random operands on {self.name}", math.prod(shape) * 4):
+            data = cp.random.RandomState(seed).standard_normal(tuple(shape), dtype=wide)
+            return data if data.dtype == dtype else data.astype(dtype)
+
     # -- DLPack ---------------------------------------------------------------------------
     def from_dlpack(self, obj: Any) -> Any:
         kind = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else None

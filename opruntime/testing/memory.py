@@ -74,6 +74,7 @@ def check_memory(device: Device, dtypes: Sequence[str] | None = None, rng: np.ra
                 except Exception as exc:
                     fail(subject, f"{alloc}() raised {_exc(exc)}")
         out += _check_views_and_casts(device, dtype, dtypes, rng)
+        out += _check_random(device, dtype)
     out += _check_dlpack_and_timer(device, rng)
     t = Tensor._wrap(prov.from_host(np.arange(6, dtype=np.float32).reshape(2, 3)), device)
     if not np.array_equal(np.asarray(t), np.arange(6).reshape(2, 3)):
@@ -103,6 +104,23 @@ def _check_views_and_casts(device: Device, dtype: str, dtypes: Sequence[str], rn
         except Exception as exc:
             out.append(Finding("memory", f"{device.name} astype {dtype}->{target}", f"raised {_exc(exc)}"))
     return out
+
+
+def _check_random(device: Device, dtype: str) -> list[Finding]:
+    """``random_normal``: the shape and dtype asked for, finite and non-zero values, and two seeds
+    giving two draws (the autotuner times kernels on these)."""
+    prov, dt, subject = device.provider, np_dtype(dtype), f"{device.name} random_normal {dtype}"
+    try:
+        draws = [prov.to_host(prov.random_normal(shape, dt, seed)) for shape, seed in (((5, 13), 1), ((5, 13), 2), ((0, 3), 1))]
+    except Exception as exc:
+        return [Finding("memory", subject, f"raised {_exc(exc)}")]
+    for d, shape in zip(draws, [(5, 13), (5, 13), (0, 3)]):
+        if tuple(d.shape) != shape or d.dtype != dt:
+            return [Finding("memory", subject, f"gave shape {tuple(d.shape)} dtype {d.dtype} for {shape} {dtype}")]
+    a, b = (d.astype(np.float64) for d in draws[:2])
+    if not (np.isfinite(a).all() and (a != 0).all()) or np.array_equal(a, b) or np.ptp(a) == 0:
+        return [Finding("memory", subject, "values must be finite, non-zero, varied, and differ between seeds")]
+    return []
 
 
 def _check_dlpack_and_timer(device: Device, rng: np.random.Generator) -> list[Finding]:

@@ -11,17 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import np_dtype
+
+__all__ = ["TOLERANCE", "np_dtype", "random_array", "rel_err", "compare", "same_bits", "with_specials"]
+
 #: The largest relative error accepted per computation dtype (DESIGN.md, "Testing").
 TOLERANCE: dict[str, float] = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
-
-
-def np_dtype(name: str) -> np.dtype:
-    """The NumPy dtype of a dtype name; ``bfloat16`` through ml_dtypes (imported on demand)."""
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, scale: float = 1.0) -> np.ndarray:

@@ -1,0 +1,108 @@
+"""The bench's measurement: rounds, paired ratios and the selection check, on controlled contenders."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from opruntime import bench
+
+
+def test_paired_ratio_cancels_slow_spells():
+    # a is 2% slower than b; a slow spell (1.5x) starts in round 1 just after a's batch, so b meets it
+    # in four rounds and a in three: the ratio of medians says a is faster, the per-round ratios do not
+    spell_a = [1, 1, 1.5, 1.5, 1.5, 1, 1]
+    spell_b = [1, 1.5, 1.5, 1.5, 1.5, 1, 1]
+    a = [1.02 * s for s in spell_a]
+    b = [1.00 * s for s in spell_b]
+    assert bench.statistics.median(a) / bench.statistics.median(b) == pytest.approx(0.68)
+    assert bench.paired_ratio(a, b) == pytest.approx(1.02)
+
+
+def test_measure_rounds_one_sample_per_round_and_idle_before_each_batch():
+    calls = {"x": 0, "y": 0, "idle": 0}
+
+    def make(name):
+        def fn():
+            calls[name] += 1
+        return fn, (lambda: None)
+
+    def idle():
+        calls["idle"] += 1
+
+    def broken():
+        raise RuntimeError("no")
+
+    samples, errors = bench.measure_rounds({"x": make("x"), "y": make("y"), "z": (broken, lambda: None)},
+                                           repeats=5, batch_s=1e-4, idle=idle)
+    assert set(samples) == {"x", "y"} and all(len(s) == 5 for s in samples.values())
+    assert errors["z"] == "RuntimeError: no"
+    assert calls["idle"] == 10  # before every timed batch of every contender that works
+
+
+def result(gap_pairs: dict[str, float], problem="8x8") -> bench.Result:
+    r = bench.Result("matmul", problem, "float32", "cpu", kernel="k.chosen", time_s=1e-3, direct_s=1e-3)
+    r.vs_chosen = {"k.chosen": 1.0, **gap_pairs}
+    r.selection_gap = max(0.0, 1 / min(r.vs_chosen.values()) - 1)
+    r.candidates = {k: 1e-3 * v for k, v in r.vs_chosen.items()}
+    return r
+
+
+def test_selection_summary_counts_cases_over_two_percent():
+    fine, close, over = result({"k.b": 1.2}, "a"), result({"k.b": 0.99}, "b"), result({"k.b": 0.95, "k.c": 1.1}, "c")
+    assert fine.selection_gap == 0.0 and close.selection_gap == pytest.approx(1 / 0.99 - 1)
+    lines = bench.selection_summary([fine, close, over, bench.Result("softmax", "16", "float32", "cpu")])
+    assert lines[0].startswith("selection: the chosen kernel is within 2% of the fastest candidate in 2 of 3 cases")
+    assert "worst 5.3%: matmul c float32" in lines[0]
+    assert lines[1:] == ["  over: matmul c float32 on cpu: 5.3%"]
+    assert bench.selection_summary([bench.Result("softmax", "16", "float32", "cpu")]) == []
+
+
+def test_table_shows_candidates_against_the_chosen_and_paired_peer_ratios():
+    r = result({"k.b": 0.97})
+    r.peers, r.peer_ratios = {"numpy": 2e-3}, {"numpy": 1.9}
+    assert r.ratios() == {"numpy": 1.9}  # the paired figure, not 2e-3 / 1e-3
+    table = bench.format_table([r])
+    assert "0.970x the chosen" in table and "1.90x" in table and "selection:" in table
+    assert math.isnan(bench.Result("matmul", "8x8", "float32", "cpu").selection_gap)
+
+
+def test_kernels_run_checks_selection():
+    import opruntime as opr
+
+    res = bench.run_case(bench.Case("conv2d", ((2, 3, 9, 9), (4, 3, 3, 3)), "float32", (("padding", 1),)),
+                         opr.Device("cpu"), repeats=3, kernels=True, peers=[])
+    assert not res.error and res.kernel in res.vs_chosen and res.vs_chosen[res.kernel] == 1.0
+    assert len(res.vs_chosen) >= 2 and math.isfinite(res.selection_gap) and res.selection_gap >= 0
+
+
+def test_check_result_catches_drift_and_wrong_answers(rng):
+    from opruntime.ops import OPS
+
+    case = bench.Case("softmax", ((3, 7),))
+    x = rng.standard_normal((3, 7)).astype(np.float32)
+    right = OPS["softmax"].reference(x.astype(np.float64)).astype(np.float32)
+    assert bench.check_result(OPS["softmax"], case, [x], 1e3, right, right.copy()) == ""
+    drifted = bench.check_result(OPS["softmax"], case, [x], 1e3, right, np.zeros_like(right))
+    assert drifted.startswith("wrong result: after the timing, opruntime's answer differs from its first")
+    wrong = bench.check_result(OPS["softmax"], case, [x], 1e3, right[::-1].copy(), right[::-1].copy())
+    assert wrong.startswith("wrong result:") and "float64 reference" in wrong
+    # too big for the host reference: only the drift is checked
+    assert bench.check_result(OPS["softmax"], case, [x], 1e12, right[::-1].copy(), right[::-1].copy()) == ""
+
+
+def test_batch_size_is_not_fooled_by_one_slow_call():
+    import time
+
+    calls = [0]
+
+    def fn():
+        calls[0] += 1
+        if calls[0] == 2:  # the call a one-call sizing would have timed
+            time.sleep(0.01)
+
+    assert bench.batch_size(fn, lambda: None, 2e-3) > 100  # sized from the runs after the hiccup
+    slow = bench.batch_size(lambda: time.sleep(0.003), lambda: None, 2e-3)
+    assert slow == 1
