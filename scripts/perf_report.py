@@ -35,9 +35,16 @@ def report(path: str) -> str:
         cells = [r["op"], r["problem"], r["dtype"], r["device"], f"`{r['kernel']}`", fmt_t(r["time_s"]),
                  f"{r['rate']:,.1f} {r['unit']}"] + [f"{ratios[p]:.2f}x" if p in ratios else "-" for p in peers]
         out.append("| " + " | ".join(cells) + " |")
-        for k, t in sorted(r.get("candidates", {}).items(), key=lambda kv: kv[1] or math.inf):
-            share = f"{r['time_s'] / t:.2f}x of chosen" if t else "-"
+        vs = r.get("vs_chosen", {})  # candidate / chosen, per-round paired (older files: none)
+        for k, t in sorted(r.get("candidates", {}).items(), key=lambda kv: vs.get(kv[0], kv[1] or math.inf)):
+            share = f"{vs[k]:.3f}x the chosen" if k in vs else f"{r['time_s'] / t:.2f}x of chosen" if t else "-"
             out.append(f"|  |  |  |  | ↳ `{k}` | {fmt_t(t)} | {share} |" + " |" * len(peers))
+    gaps = [r for r in data["results"] if r.get("selection_gap") is not None and math.isfinite(r["selection_gap"])]
+    if gaps:
+        worst = max(gaps, key=lambda r: r["selection_gap"])
+        within = sum(r["selection_gap"] <= 0.02 for r in gaps)
+        out += ["", f"Selection: the chosen kernel within 2% of the fastest candidate in {within} of {len(gaps)} cases "
+                    f"(worst {worst['selection_gap']:.1%}: {worst['op']} {worst['problem']} {worst['dtype']})."]
     out.append("")
     out.append("Ratios are the peer's time over opruntime's (above 1: opruntime is faster).")
     return "\n".join(out)

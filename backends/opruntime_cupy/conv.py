@@ -183,16 +183,18 @@ def _wino_gemm(problem: Problem, m: int) -> Problem:
 
 #: Fraction of the device's peak each kernel reached on the ResNet-50 layers (H200 runs 1-3, see
 #: docs/notes-cuda-softmax-conv.md), per block tile; times the useful fraction of the launched
-#: tiles and of the last wave. "gemm*" are cuBLAS through cupy.matmul, "cols" the im2col pass and
+#: tiles and of the last wave. "gemm*" are cuBLAS (strided-batched), "cols" the im2col pass and
 #: "transform" the Winograd transforms, as fractions of the memory bandwidth. With these, run 3
 #: predicted 200 / 147 / 143 us for Winograd F(4x4) on layers 1 / 3 / 4 and measured 192 / 158 / 166.
 SIMT_EFF = {(64, 128, 16, 3): 0.40, (64, 128, 8, 3): 0.38, (128, 128, 8, 2): 0.35, (64, 64, 8, 8): 0.27,
             (128, 64, 8, 4): 0.27}
 MMA_EFF = {(128, 64): 0.105, (128, 128): 0.10, (64, 128): 0.09, (64, 64): 0.08}
-# gemm32: `opruntime bench --suite gpu` on an H200 (2026-11-22) timed the 1x1 layer (32,256,56,64)
-# through cupy.matmul at 205-220 us back to back, 15-16 TFLOP/s = 0.23 of the fp32 peak (0.45 had
-# made the selector pick it over implicit GEMM's 147 us).
-EFFICIENCY = {"depthwise": 0.5, "gemm32": 0.23, "gemm16": 0.013, "cols": 0.3, "transform": 0.6}
+# gemm32 / gemm16: the 1x1 layer (32,256,56,64) through one strided-batched cuBLAS call, timed by
+# `opruntime bench --suite gpu --kernels` on an H100 (docs/data/h100-cuda-tuned-3.json): 93 us fp32
+# (35 TFLOP/s, 0.53 of the fp32 peak) and 30 us fp16 (110 TFLOP/s, 0.11 of the dense fp16 peak).
+# Through cupy.matmul, which broadcast the shared weight with ~200 us of host work, they had been
+# 0.23 and 0.013.
+EFFICIENCY = {"depthwise": 0.5, "gemm32": 0.5, "gemm16": 0.11, "cols": 0.3, "transform": 0.6}
 
 
 def _fill(cv: Conv, bm: int, bn: int, sms: int) -> float:
