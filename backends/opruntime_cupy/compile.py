@@ -213,7 +213,10 @@ def _nvrtc(text: str, filename: str, opts: tuple[str, ...], kernel: str, where: 
 
 def prebuild(jobs: Sequence[tuple[str, Mapping[str, Any]]], arch: str, processes: int | None = None) -> list[str]:
     """Compile many (filename, defines) variants into the disk cache in parallel worker
-    processes (NVRTC holds the GIL); returns the error messages. Later ``load`` calls hit the cache."""
+    processes; returns the error messages. Later ``load`` calls hit the cache.
+
+    Threads would do as well: CuPy's NVRTC binding releases the GIL while it compiles (6 sgemm
+    variants: 2.54 s one after another, 0.60 s in 6 threads on the H100 machine's host)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
