@@ -321,13 +321,21 @@ def check_result(op: Any, case: Case, host: Sequence[np.ndarray], flops: float, 
     from .testing.numerics import TOLERANCE, rel_err
 
     tol = TOLERANCE[case.dtype]
-    drift = rel_err(final.astype(np.float64), first.astype(np.float64))
+    try:
+        drift = rel_err(final.astype(np.float64), first.astype(np.float64))
+    except AssertionError as exc:  # NaN or inf where the first answer had none
+        drift, why = math.inf, f" ({exc})"
+    else:
+        why = ""
     if not drift <= tol:
         return (f"wrong result: after the timing, opruntime's answer differs from its first by {drift:.1e} "
-                f"(relative; tolerance {tol:g}): a kernel whose answer changes from call to call")
+                f"(relative; tolerance {tol:g}){why}: a kernel whose answer changes from call to call")
     if flops <= REFERENCE_FLOPS:
         ref = op.reference(*(h.astype(np.float64) for h in host), **dict(case.attrs))
-        err = rel_err(first.astype(np.float64).reshape(ref.shape), ref)
+        try:
+            err = rel_err(first.astype(np.float64).reshape(ref.shape), ref)
+        except AssertionError as exc:
+            return f"wrong result: {exc}"
         if not err <= tol:
             return f"wrong result: {err:.1e} from the float64 reference (relative; tolerance {tol:g})"
     return ""

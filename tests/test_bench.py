@@ -89,6 +89,13 @@ def test_check_result_catches_drift_and_wrong_answers(rng):
     assert drifted.startswith("wrong result: after the timing, opruntime's answer differs from its first")
     wrong = bench.check_result(OPS["softmax"], case, [x], 1e3, right[::-1].copy(), right[::-1].copy())
     assert wrong.startswith("wrong result:") and "float64 reference" in wrong
+    nan = right.copy()
+    nan[1, 2] = np.nan  # a NaN is reported, not raised
+    assert bench.check_result(OPS["softmax"], case, [x], 1e3, right, nan).startswith("wrong result: after the timing")
+    lost = bench.check_result(OPS["softmax"], case, [x], 1e3, nan, right)
+    assert lost.startswith("wrong result: after the timing") and "NaN positions differ" in lost
+    assert bench.check_result(OPS["softmax"], case, [x], 1e3, nan, nan) == \
+        "wrong result: inf from the float64 reference (relative; tolerance 1e-05)"
     # too big for the host reference: only the drift is checked
     assert bench.check_result(OPS["softmax"], case, [x], 1e12, right[::-1].copy(), right[::-1].copy()) == ""
 
