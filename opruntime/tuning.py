@@ -206,13 +206,14 @@ def recheck(problem: Problem, device: Device, order: list[Candidate], why: str, 
     close = [c for c in order[:REFINE_TOP] if c.measured is not None and c.measured <= best * (1 + REFINE_WITHIN)]
     if len(close) < 2:
         return order, why
-    sets = random_inputs(problem, device, input_sets(problem))
-    calls = {id(c): _caller(problem, c, sets) for c in close}
     try:
+        sets = random_inputs(problem, device, input_sets(problem))
+        calls = {id(c): _caller(problem, c, sets) for c in close}
         for c in close:
             calls[id(c)]()  # builds (from the disk cache) and warms up
-    except Exception:  # a candidate broke since it was tuned: keep the cached order; the plan falls back
-        return order, why
+    except Exception as exc:  # no room for the inputs, or a candidate broke since it was tuned: keep
+        log.info("opruntime: %s: near ties not re-timed (%s: %s)", problem.op, type(exc).__name__, exc)
+        return order, why  # the cached order (the plan falls back from a broken kernel as usual)
     if not refine(device.provider, close, calls, deadline=time.perf_counter() + budget_s):
         return order, why
     cached, fastest = close[0], min(close, key=lambda c: c.measured)

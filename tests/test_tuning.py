@@ -152,6 +152,21 @@ def test_first_use_in_autotune_mode_retimes_near_ties(fake, rng):
     assert e.chosen == "fake.matmul.a" and "re-timed" not in e.why
 
 
+def test_recheck_that_cannot_run_keeps_the_cached_choice(fake, rng, monkeypatch):
+    delays(fake, a=0.010, b=0.0102, c=0.05)
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    assert opr.explain("matmul", a, b).chosen == "fake.matmul.a"
+    forget_decisions()
+
+    def no_room(*args, **kwargs):
+        raise MemoryError("no room for the operands")
+
+    monkeypatch.setattr(tuning, "random_inputs", no_room)
+    e = opr.explain("matmul", a, b)
+    assert e.chosen == "fake.matmul.a" and "tuned earlier" in e.why and "re-timed" not in e.why
+
+
 def test_ties_give_a_stable_choice(fake, rng, monkeypatch):
     # the re-check of near ties on first use keeps the cached winner unless another is faster by
     # the margin; a wide margin here, so that the VM's jitter between equal kernels stays inside it
