@@ -257,7 +257,11 @@ def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[
             return order, why
     if s.tune != "autotune":
         return None
-    order = autotune(problem, device, usable, budget_s=s.tune_budget, top_k=s.tune_top_k)
+    try:
+        order = autotune(problem, device, usable, budget_s=s.tune_budget, top_k=s.tune_top_k)
+    except MemoryError as exc:  # no room for the random operands beside the caller's data
+        log.warning("opruntime: %s on %s not tuned: %s; the cost estimates choose", problem, device.name, exc)
+        return None
     best = order[0] if order and order[0].measured is not None and math.isfinite(order[0].measured) else None
     if best is None or best.status != "ok":
         return None

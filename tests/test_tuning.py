@@ -167,6 +167,19 @@ def test_recheck_that_cannot_run_keeps_the_cached_choice(fake, rng, monkeypatch)
     assert e.chosen == "fake.matmul.a" and "tuned earlier" in e.why and "re-timed" not in e.why
 
 
+def test_no_room_to_tune_falls_back_to_the_estimates(fake, rng, monkeypatch):
+    def no_room(*args, **kwargs):
+        raise MemoryError("no room for the operands")
+
+    monkeypatch.setattr(tuning, "random_inputs", no_room)
+    opr.configure(tune="autotune")
+    a, b = operands(rng)
+    e = opr.explain("matmul", a, b)
+    assert e.chosen == "fake.matmul.a" and "heuristic" in e.why  # the lowest estimate, nothing stored
+    assert not list(cache.tuning_cache().entries())
+    assert np.allclose(np.asarray(opr.matmul(a, b)), np.asarray(a) @ np.asarray(b), rtol=1e-5)
+
+
 def test_ties_give_a_stable_choice(fake, rng, monkeypatch):
     # the re-check of near ties on first use keeps the cached winner unless another is faster by
     # the margin; a wide margin here, so that the VM's jitter between equal kernels stays inside it
