@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .devices import Device
+from .devices import Device, host_normal
 from .kernels import Problem, np_dtype
 from .ops import OPS
 from .tensor import Tensor
@@ -191,13 +191,6 @@ def batch_size(fn: Callable[[], Any], sync: Callable[[], Any], batch_s: float) -
             m *= 4
 
 
-def measure_all(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: float = 2e-3,
-                idle: Callable[[], Any] | None = None) -> tuple[dict[str, float], dict[str, str]]:
-    """Median seconds per call of each contender (:func:`measure_rounds`), and the errors."""
-    samples, errors = measure_rounds(contenders, repeats, batch_s, idle)
-    return {name: statistics.median(t) for name, t in samples.items()}, errors
-
-
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     """The median over rounds of ``a / b`` for two contenders timed in the same rounds: each
     round's ratio compares batches run moments apart, so the machine's slow spells cancel, which
@@ -207,10 +200,10 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
 
 def measure(fn: Callable[[], Any], sync: Callable[[], Any], repeats: int = 15, batch_s: float = 2e-3) -> float:
     """Median seconds per call over ``repeats`` batches of back-to-back calls (warm-up first)."""
-    times, errors = measure_all({"": (fn, sync)}, repeats, batch_s)
+    samples, errors = measure_rounds({"": (fn, sync)}, repeats, batch_s)
     if errors:
         raise RuntimeError(errors[""])
-    return times[""]
+    return statistics.median(samples[""])
 
 
 def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
@@ -219,29 +212,20 @@ def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
     return [Tensor._wrap(draw(shape, dtype, seed + i), device) for i, shape in enumerate(case.shapes)]
 
 
-def random_host(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """Random normal values of ``shape`` for ``dtype`` on the host: float64 for float64, else
-    float32 (bfloat16 has no NumPy dtype; float16 is cast), drawn in float32 directly, which is
-    4x faster than drawing float64 and casting (0.15 s for a 4096x4096 operand)."""
-    host = rng.standard_normal(shape, dtype=np.float64 if dtype == "float64" else np.float32)
-    return host.astype(np.float16) if dtype == "float16" else host
-
-
 def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = False,
              peers: Sequence[str] | None = None) -> Result:
     """Benchmark one case on one device."""
     from .peers import PEERS
 
     op = OPS[case.op]
-    rng = np.random.default_rng(0)
-    host = [random_host(rng, s, case.dtype) for s in case.shapes]
+    rng, dtype = np.random.default_rng(0), np_dtype(case.dtype)
+    host = [host_normal(rng, s, dtype) for s in case.shapes]  # the peers and the reference get these
     res = Result(case.op, case.label, case.dtype, device.name)
     prov = device.provider
     attrs = dict(case.attrs)
     try:
-        tensors = [Tensor._wrap(prov.from_host(h), device) for h in host]
-        if case.dtype == "bfloat16":
-            tensors = [Tensor._wrap(prov.astype(t.data, np_dtype("bfloat16")), device) for t in tensors]
+        placed = [prov.from_host(h) for h in host]
+        tensors = [Tensor._wrap(d if d.dtype == dtype else prov.astype(d, dtype), device) for d in placed]
         public = getattr(importlib.import_module("opruntime"), case.op)  # what users call
         last: list[Any] = [None]  # each contender waits for its own last result, as the peers do
 

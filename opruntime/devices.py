@@ -21,6 +21,14 @@ import numpy as np
 from .errors import DeviceUnavailableError, UnknownDeviceError
 
 
+def host_normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Random normal host values for ``dtype``: float64 for float64, float16 for float16, else
+    float32 (bfloat16 has no NumPy generator: convert on the device). Drawn in float32 directly,
+    4x faster than drawing float64 and casting."""
+    host = rng.standard_normal(shape, dtype=np.float64 if dtype == np.float64 else np.float32)
+    return host.astype(np.float16) if dtype == np.float16 else host
+
+
 class DeviceProvider(abc.ABC):
     """What a backend implements for one device. Subclass it and override what differs.
 
@@ -82,11 +90,7 @@ class DeviceProvider(abc.ABC):
         The default draws float32 on the host (float64 for float64) and copies; a backend with a
         device generator overrides it: drawing two 4096x4096 operands on the host costs the
         autotuner a tenth of a second."""
-        rng = np.random.default_rng(seed)
-        host = rng.standard_normal(shape, dtype=np.float64 if dtype == np.float64 else np.float32)
-        if dtype == np.float16:
-            host = host.astype(np.float16)
-        data = self.from_host(host)
+        data = self.from_host(host_normal(np.random.default_rng(seed), shape, dtype))
         return data if data.dtype == dtype else self.astype(data, dtype)  # bfloat16: on the device
 
     # -- DLPack ---------------------------------------------------------------------------

@@ -159,6 +159,15 @@ def _caller(problem: Problem, c: Candidate, sets: list[list[Any]]) -> Any:
     return call
 
 
+def near_ties(ranked: Sequence[Candidate]) -> list[Candidate]:
+    """The first of ``ranked`` (measured, best first) and those within :data:`REFINE_WITHIN` of
+    it, :data:`REFINE_TOP` at most."""
+    if not ranked or ranked[0].measured is None or not math.isfinite(ranked[0].measured):
+        return []
+    bar = ranked[0].measured * (1 + REFINE_WITHIN)
+    return [c for c in ranked[:REFINE_TOP] if c.measured is not None and c.measured <= bar]
+
+
 def refine(prov: Any, timed: Sequence[Candidate], calls: dict[int, Any], *, deadline: float) -> bool:
     """Time the candidates within :data:`REFINE_WITHIN` of the best again, together, and keep
     those scores; returns whether it did.
@@ -169,7 +178,7 @@ def refine(prov: Any, timed: Sequence[Candidate], calls: dict[int, Any], *, dead
     every round, and each score is the median of its batches, the measure ``opruntime bench``
     uses too. Stops at ``deadline`` (the tuning budget).
     """
-    close = [c for c in timed[:REFINE_TOP] if c.measured <= timed[0].measured * (1 + REFINE_WITHIN)] if timed else []
+    close = near_ties(timed)
     if len(close) < 2:
         return False
     reps = max(1, min(1000, int(5e-3 / max(close[0].measured, 1e-7))))
@@ -200,10 +209,7 @@ def recheck(problem: Problem, device: Device, order: list[Candidate], why: str, 
     than the 2% a choice should be within. One that is :data:`RECHECK_MARGIN` faster here runs
     instead; a tie keeps the cached choice. About a tenth of a second, once per problem and
     process; the cache keeps its entry."""
-    best = order[0].measured
-    if best is None or not math.isfinite(best):
-        return order, why
-    close = [c for c in order[:REFINE_TOP] if c.measured is not None and c.measured <= best * (1 + REFINE_WITHIN)]
+    close = near_ties(order)
     if len(close) < 2:
         return order, why
     try:
@@ -217,12 +223,11 @@ def recheck(problem: Problem, device: Device, order: list[Candidate], why: str, 
     if not refine(device.provider, close, calls, deadline=time.perf_counter() + budget_s):
         return order, why
     cached, fastest = close[0], min(close, key=lambda c: c.measured)
+    why = f"{why}; {len(close)} near ties re-timed here"
     if fastest.measured * (1 + RECHECK_MARGIN) < cached.measured:
-        close.remove(fastest)
-        order = [fastest, *close] + [c for c in order if c not in close and c is not fastest]
-        return order, f"{why}; {len(close) + 1} near ties re-timed here, {fastest.label} faster by " \
-                      f"{cached.measured / fastest.measured - 1:.1%}"
-    return order, f"{why}; {len(close)} near ties re-timed here, the cached choice holds"
+        return [fastest, *(c for c in order if c is not fastest)], \
+            f"{why}, {fastest.label} faster by {cached.measured / fastest.measured - 1:.1%}"
+    return order, f"{why}, the cached choice holds"
 
 
 def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[Candidate]) -> tuple[list[Candidate], str] | None:

@@ -12,11 +12,10 @@ ratio to the first candidate.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 
-from opruntime import selector, tuning
+from opruntime import bench, selector, tuning
 from opruntime.config import settings
 from opruntime.ops import OPS
 from opruntime.plugins import registry
@@ -28,39 +27,16 @@ CASES = [
 ]
 
 
-def rounds(prov, calls, repeats, batch_s=2e-3):
-    sizes = {}
-    for name, call in calls.items():
-        call()
-        prov.synchronize()
-        t0 = time.perf_counter()
-        call()
-        prov.synchronize()
-        sizes[name] = max(1, min(2000, int(batch_s / max(time.perf_counter() - t0, 1e-8))))
-    samples = {n: [] for n in calls}
-    names, rng = list(calls), random.Random(1)
-    for _ in range(repeats):
-        rng.shuffle(names)
-        for n in names:
-            prov.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(sizes[n]):
-                calls[n]()
-            prov.synchronize()
-            samples[n].append((time.perf_counter() - t0) / sizes[n])
-    return samples
-
-
 def show(title, samples):
+    """Each candidate's median and its median per-round ratio to the first, with the quartiles."""
     names = list(samples)
     ref = samples[names[0]]
     print(f"  {title}")
     for n in sorted(names, key=lambda n: statistics.median(samples[n])):
-        med = statistics.median(samples[n])
         ratios = sorted(a / b for a, b in zip(samples[n], ref))
         q = len(ratios) // 4
-        print(f"    {n:<60} {med * 1e6:9.2f} us  vs first {statistics.median(ratios):.3f} "
-              f"[{ratios[q]:.3f}, {ratios[-q - 1]:.3f}]")
+        print(f"    {n:<60} {statistics.median(samples[n]) * 1e6:9.2f} us  vs first "
+              f"{bench.paired_ratio(samples[n], ref):.3f} [{ratios[q]:.3f}, {ratios[-q - 1]:.3f}]")
 
 
 def main() -> None:
@@ -80,8 +56,8 @@ def main() -> None:
         for label, sets in [("one input set", tuning.random_inputs(problem, dev, 1, seed=0)),
                             ("same values, fresh buffers", tuning.random_inputs(problem, dev, 1, seed=0)),
                             ("rotated input sets", tuning.random_inputs(problem, dev, max(2, tuning.input_sets(problem)), seed=0))]:
-            calls = {c.label: tuning._caller(problem, c, sets) for c in keep}
-            show(label, rounds(prov, calls, args.repeats))
+            calls = {c.label: (tuning._caller(problem, c, sets), prov.synchronize) for c in keep}
+            show(label, bench.measure_rounds(calls, args.repeats, idle=prov.synchronize)[0])
         for i in range(3):
             fresh = [selector.Candidate(c.kernel, dict(c.config), c.cost) for c in keep]
             t0 = time.perf_counter()

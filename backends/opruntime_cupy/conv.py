@@ -238,7 +238,7 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
             return max(cv.flops / (peak * 0.25), io / (bw * EFFICIENCY["depthwise"])) + LAUNCH_S
         # vendor: the column buffer (with the bias row) written and read back, then the GEMM
         rows = cv.crs + cv.has_bias
-        cols = 0 if _pointwise(cv) and not cv.has_bias else cv.n * cv.groups * rows * cv.p * cv.q * isz
+        cols = 0 if _pointwise(cv) else cv.n * cv.groups * rows * cv.p * cv.q * isz
         gemm = cv.flops / ((f16 * EFFICIENCY["gemm16"]) if problem.dtype in HALVES else peak * EFFICIENCY["gemm32"])
         return max(gemm, io / bw) + 2 * cols / (bw * EFFICIENCY["cols"]) + 2 * LAUNCH_S
 
@@ -383,8 +383,9 @@ def _build_depthwise(kind: str, problem: Problem, config: Mapping[str, Any]) -> 
 
 
 def _pointwise(cv: Conv) -> bool:
-    """A 1x1, stride-1, unpadded convolution of a contiguous input: a GEMM on the input itself."""
-    return (cv.r == cv.s == 1 and cv.str_h == cv.str_w == 1 and cv.pad_t == cv.pad_l == 0
+    """A 1x1, stride-1, unpadded convolution of a contiguous input without bias: a GEMM on the
+    input itself (a bias needs the column buffer's row of ones)."""
+    return (not cv.has_bias and cv.r == cv.s == 1 and cv.str_h == cv.str_w == 1 and cv.pad_t == cv.pad_l == 0
             and cv.p == cv.h and cv.q == cv.w and tuple(cv.sx) == c_strides((cv.n, cv.c, cv.h, cv.w)))
 
 
@@ -420,7 +421,7 @@ def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Cal
     n, g, kg, pq = cv.n, cv.groups, cv.kg, cv.p * cv.q
     shape = problem.out_shape
     fix = _operands(cv)
-    if _pointwise(cv) and not cv.has_bias:
+    if _pointwise(cv):
         pointwise = _batched_gemm(problem.dtype, n, g, kg, cv.cg, pq)
 
         def gemm(x: Any, w: Any, b: Any) -> Any:
