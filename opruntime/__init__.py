@@ -8,7 +8,8 @@
 
 from . import errors
 from .config import configure, device, override, reload
-from .devices import Device, DeviceProvider
+from .devices import Device
+from .hookspecs import DeviceProvider
 from .hookspecs import hookimpl
 from .kernels import FLOATS, Kernel, Problem
 from .ops import conv2d, log_softmax, matmul, softmax

@@ -1,43 +1,62 @@
-"""The plugin contract: every hook an opruntime backend may implement.
+"""The plugin contract: every hook and every extension point an opruntime backend may offer.
 
-A backend is any importable object (usually a module) whose functions are marked with
-``opruntime.hookimpl`` and named like the hooks below. It is registered through the
-entry-point group ``opruntime.backends`` in its package's ``pyproject.toml``::
+A backend is any importable object (usually a module) whose hook functions are marked with
+``opruntime.hookimpl`` and named like the hooks below. It is registered through the entry-point
+group ``opruntime.backends`` in its package's ``pyproject.toml``::
 
     [project.entry-points."opruntime.backends"]
     acme = "opruntime_acme"
 
-The runtime calls each plugin's hooks separately, so a plugin that fails to import, names a
-hook that does not exist (``pm.check_pending()``), or raises from a hook is reported by name
-(``opruntime info`` and a ``FallbackWarning``) while the others keep working. Configuration can
-block a plugin by name (``OPRUNTIME_PLUGINS="-opencl"`` or ``plugins = ["-opencl"]``).
+The runtime calls the hooks through pluggy only (``pm.hook``), one plugin at a time, so a plugin
+that fails to import, raises from a hook or breaks the contract is reported by name (``opruntime
+info`` and a ``FallbackWarning``) while the others keep working. What breaks the contract, for
+the runtime and the conformance suite alike (:func:`contract_errors`):
 
-Import your device stack (cupy, pyopencl, jax, ...) inside the hooks, never at module import:
-``import opruntime`` must stay free of GPU stacks, and the registry is only built on first use.
+* a module-level function named ``opruntime_*`` that is not marked ``@opruntime.hookimpl``
+  (pluggy would never call it), or that names no hook here;
+* a hook taking arguments its spec does not provide;
+* a kernel name outside the plugin's namespace (``<plugin>.<op>.<variant>``), or a kernel or
+  device name another plugin registered first: the later plugin is refused, the error names both.
+
+Configuration can block a plugin by name (``OPRUNTIME_PLUGINS="-opencl"`` or
+``plugins = ["-opencl"]``). Import your device stack (cupy, pyopencl, jax, ...) inside the hooks,
+never at module import: ``import opruntime`` must stay free of GPU stacks.
+
+Besides the hooks, a backend implements one :class:`DeviceProvider` per device (memory, DLPack,
+timing, free memory, fingerprint) and describes each kernel with an
+:class:`opruntime.kernels.Kernel` record (``run`` and/or ``prepare``, ``supports``, ``cost``,
+``configs``). Every method a provider may override is declared below, with its default.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import abc
+import inspect
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pluggy
 
+from .devices import host_normal
+
 if TYPE_CHECKING:
-    from .devices import DeviceProvider
     from .kernels import Kernel
 
-hookspec = pluggy.HookspecMarker("opruntime")
-hookimpl = pluggy.HookimplMarker("opruntime")
+PROJECT = "opruntime"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+# -- the hooks ----------------------------------------------------------------------------------
 @hookspec
 def opruntime_devices() -> Sequence[DeviceProvider]:
     """Return the devices this backend can run on, best first.
 
-    Each is a :class:`opruntime.devices.DeviceProvider` subclass instance with a unique
-    ``name`` (``"cuda:0"``); it owns the memory of that device (host copies, allocation,
-    DLPack, synchronisation, a timer and a fingerprint).
+    Each is a :class:`DeviceProvider` subclass instance with a unique ``name`` (``"cuda:0"``);
+    it owns the memory of that device. A device name another plugin already provides is refused
+    (the error names both plugins).
 
     When the backend's stack or hardware is missing, raise
     :class:`opruntime.errors.BackendUnavailable` with the reason and the device kinds it would
@@ -45,7 +64,7 @@ def opruntime_devices() -> Sequence[DeviceProvider]:
     then get "device 'opencl:0' is not available: pyopencl not installed" instead of
     "unknown device". Return ``[]`` for a backend that only adds kernels.
 
-    Called once per process, when the registry is first built.
+    Called once per registry build (per process, unless plugins are registered at run time).
     """
 
 
@@ -53,11 +72,179 @@ def opruntime_devices() -> Sequence[DeviceProvider]:
 def opruntime_kernels() -> Sequence[Kernel]:
     """Return the :class:`opruntime.kernels.Kernel` records this backend supplies.
 
-    Kernels may target any device kind, including kinds another plugin provides: a plugin
-    may add a single faster ``softmax`` for ``"cuda"``. Kernel names must be unique across
-    all plugins (``backend.op.variant``). Kernels for device kinds with no present device are
-    kept but never selected.
+    Kernels may target any device kind, including kinds another plugin provides: a plugin may
+    add a single faster ``softmax`` for ``"cuda"``. Names read ``<plugin>.<op>.<variant>`` with
+    the name the plugin is registered under (its entry-point name): a kernel outside that
+    namespace, or a name registered before, refuses the plugin. Kernels for device kinds with no
+    present device are kept but never selected.
 
-    Building the record must be cheap: compile device code lazily on the first ``run``.
-    Called once per process, after ``opruntime_devices``.
+    Building the records must be cheap: compile device code in ``prepare`` (or the first
+    ``run``), never here. Called once per registry build, after ``opruntime_devices``.
     """
+
+
+@hookspec
+def opruntime_build_variants() -> Sequence[tuple[str, Mapping[str, Any]]]:
+    """Return the device sources CI compiles without the device: ``(path, defines)`` pairs, one
+    per variant worth checking (every config the kernels register, each layout flag).
+
+    ``path`` is a ``.cu`` (or ``.cl``) file, absolute or relative to the plugin module's folder;
+    ``defines`` are the ``-D`` macros of that variant. A source no pair names is compiled once
+    with no defines. ``scripts/compile_cu.py`` (``make compile-cu``) calls this hook.
+    """
+
+
+# -- the device a backend provides --------------------------------------------------------------
+class DeviceProvider(abc.ABC):
+    """What a backend implements for one device. Subclass it and override what differs.
+
+    Class attributes a provider sets:
+        kind: the device kind, the part of the name before the first colon (``"cuda"``).
+        name: the device's full name (``"cuda:0"``); unique across all backends.
+        description: a human-readable model name (``"NVIDIA H100 80GB HBM3"``).
+        priority: default-device order, highest first. Built-ins use cuda 100, jax:tpu 90,
+            jax:gpu 80, opencl gpu 70, cpu 50, opencl cpu 20, jax:cpu 10.
+        aliases: extra names that select this device (``("opencl:gpu",)``); the first device
+            claiming an alias wins.
+        array_types: native array classes whose instances may live on this device; used to
+            adopt arrays passed to an operator without an ``opr.Tensor`` wrapper.
+        placement_free: True when ``from_host`` returns the host array itself (the ``cpu``
+            device): calls with NumPy operands skip placement, and ``opr.tensor`` copies.
+        accelerator: True for a device with its own memory and clock (a GPU, a TPU); tests
+            on it carry the ``gpu`` marker.
+
+    Native data ("data" below) is whatever array type the backend computes on (a NumPy array,
+    a CuPy array, a ``pyopencl.array.Array``, a ``jax.Array``). It must have ``shape`` and
+    ``dtype`` (a NumPy dtype in native byte order); ``strides`` in bytes where the type has them.
+    """
+
+    kind: str = ""
+    name: str = ""
+    description: str = ""
+    priority: int = 0
+    aliases: tuple[str, ...] = ()
+    array_types: tuple[type, ...] = ()
+    placement_free: bool = False
+    accelerator: bool = False
+
+    # -- memory ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def from_host(self, array: np.ndarray) -> Any:
+        """Copy a host array (native byte order, any strides) to the device; may return
+        ``array`` itself on a host device (then set ``placement_free``)."""
+
+    @abc.abstractmethod
+    def to_host(self, data: Any) -> np.ndarray:
+        """Copy device data to a host NumPy array (blocking)."""
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """Allocate uninitialised device data. Raise ``OutOfMemoryError`` when it cannot."""
+        return self.from_host(np.empty(shape, dtype))
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """Allocate zero-filled device data."""
+        return self.from_host(np.zeros(shape, dtype))
+
+    def astype(self, data: Any, dtype: np.dtype) -> Any:
+        """Convert device data to ``dtype`` on the device."""
+        return data.astype(dtype)
+
+    def owns(self, data: Any) -> bool:
+        """True when ``data`` is a native array living on this device."""
+        return isinstance(data, self.array_types)
+
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        """True when native arrays ``a`` and ``b`` may overlap in memory (a result must never
+        alias an operand). The default knows only identity; backends with views override it."""
+        return a is b
+
+    def free_memory(self) -> int | None:
+        """Bytes a new allocation can take now, or None when unknown. The frontend refuses a call
+        whose result does not fit with :class:`~opruntime.errors.OutOfMemoryError`, before any
+        kernel runs."""
+        return None
+
+    def random_normal(self, shape: tuple[int, ...], dtype: np.dtype, seed: int) -> Any:
+        """Random normal device data of ``dtype`` (operands for tuning and the bench: never
+        zeros). The default draws float32 on the host (float64 for float64) and copies; a
+        backend with a device generator overrides it."""
+        data = self.from_host(host_normal(np.random.default_rng(seed), shape, dtype))
+        return data if data.dtype == dtype else self.astype(data, dtype)  # bfloat16: on the device
+
+    # -- DLPack ---------------------------------------------------------------------------
+    def from_dlpack(self, obj: Any) -> Any:
+        """Import any ``__dlpack__`` object onto this device (default: through the host)."""
+        return self.from_host(np.from_dlpack(obj))
+
+    def to_dlpack(self, data: Any, **kwargs: Any) -> Any:
+        """Export device data as a DLPack capsule (the ``__dlpack__`` protocol)."""
+        return data.__dlpack__(**kwargs)
+
+    def dlpack_device(self, data: Any) -> tuple[int, int]:
+        """The ``(device_type, device_id)`` pair of the ``__dlpack_device__`` protocol."""
+        return data.__dlpack_device__()
+
+    # -- execution ------------------------------------------------------------------------
+    def synchronize(self) -> None:  # noqa: B027 (a no-op default: synchronous devices keep it)
+        """Block until all work queued on the device has finished."""
+
+    def wait(self, data: Any) -> None:
+        """Block until ``data`` (a result of this device) is computed. The default synchronizes
+        the device; a backend whose arrays can be waited on one by one (JAX) overrides it."""
+        self.synchronize()
+
+    def time(self, fn: Callable[[], Any], *, repeats: int = 20, warmup: int = 3) -> list[float]:
+        """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times; seconds per run.
+
+        The default times with the host clock around ``synchronize()``; GPU backends override
+        it with device events so that launch gaps are not counted.
+        """
+        for _ in range(warmup):
+            fn()
+        self.synchronize()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            self.synchronize()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def roofline(self) -> Mapping[str, Any] | None:
+        """The device's roofs for ``opruntime bench --plot``: ``{"bytes_per_s": B, "flops_per_s":
+        {dtype: F}}``, or None to have them measured (a copy and the best matmul)."""
+        return None
+
+    def fingerprint(self) -> dict[str, str]:
+        """What identifies this device for the tuning cache: model, driver, runtime versions."""
+        return {"name": self.name, "description": self.description}
+
+    def info(self) -> dict[str, str]:
+        """Extra facts for ``opruntime info`` (memory, compute capability, extensions...)."""
+        return {}
+
+
+# -- enforcing it ---------------------------------------------------------------------------------
+HOOKS = tuple(name for name, fn in list(globals().items()) if name.startswith("opruntime_") and callable(fn))
+
+
+def contract_errors(plugin: Any) -> list[str]:
+    """What in ``plugin`` (a module or object) breaks the hook contract: unmarked or unknown
+    ``opruntime_*`` functions, and hooks taking arguments their spec does not give. The runtime
+    refuses a plugin with any; the conformance suite reports the same list."""
+    errors = []
+    for attr in dir(plugin):
+        if not attr.startswith("opruntime_"):
+            continue
+        fn = getattr(plugin, attr, None)
+        if not callable(fn):
+            continue
+        if attr not in HOOKS:
+            errors.append(f"{attr} is not a hook; the hooks are {', '.join(HOOKS)}")
+        elif getattr(fn, f"{PROJECT}_impl", None) is None:
+            errors.append(f"{attr} is not marked @opruntime.hookimpl: pluggy would never call it")
+        else:
+            extra = set(inspect.signature(fn).parameters) - set(inspect.signature(globals()[attr]).parameters)
+            if extra:
+                errors.append(f"{attr} takes {sorted(extra)}, which the hookspec does not provide")
+    return errors

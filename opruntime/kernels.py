@@ -11,13 +11,19 @@ Registration reads like a table; a backend's ``opruntime_kernels`` hook returns,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .lru import LRU
+
+if TYPE_CHECKING:
+    from .devices import Device
 
 #: The floating dtypes of NumPy. bfloat16 is named by string: NumPy itself lacks it.
 FLOATS = frozenset({"float16", "float32", "float64"})
@@ -44,7 +50,9 @@ class Problem:
 
     Attributes:
         op: operator name (``"matmul"``).
-        device: the device name the call runs on (``"cuda:0"``).
+        device: the :class:`~opruntime.devices.Device` the call runs on; its ``provider`` is the
+            backend's :class:`~opruntime.hookspecs.DeviceProvider` (kernels take everything they
+            need about the device from it, never from parsing its name).
         shapes: each operand's shape, after the frontend's normalisation (see each op's module:
             matmul operands are at least 2-D; conv2d input is 4-D; a missing bias is absent).
         dtypes: each operand's dtype name; the frontend has already cast operands to the
@@ -60,7 +68,7 @@ class Problem:
     """
 
     op: str
-    device: str
+    device: Device
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
     strides: tuple[tuple[int, ...] | None, ...]
@@ -90,6 +98,9 @@ class Problem:
         attrs = f" ({self.attrs!r})" if self.attrs else ""
         return f"{self.op} {ops} {self.out_dtype}{attrs}"
 
+    def __repr__(self) -> str:
+        return f"Problem({self} on {self.device})"
+
 
 def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """C-contiguous strides in elements for ``shape``."""
@@ -108,28 +119,32 @@ def _always(problem: Problem) -> bool:
 class Kernel:
     """One implementation of one operator for one device kind.
 
+    A kernel gives ``run`` (a plain function called with the problem on every call) or
+    ``prepare`` (called once per problem and config; returns the launcher that every call of that
+    problem then runs), or both. ``prepare`` is where a kernel keeps what it would otherwise look
+    up per call (compiled code, grid, scalar arguments, a jitted function): the runtime keeps the
+    launchers it returns in one bounded cache (:func:`launcher`), so backends keep no per-problem
+    caches of their own.
+
     Attributes:
-        op: the operator it implements (``"matmul"``, ``"conv2d"``, ``"softmax"``,
-            ``"log_softmax"``).
-        name: unique dotted name ``backend.op.variant`` (``"cupy.matmul.tiled_128x128"``);
-            the name users pin in configuration.
+        op: the operator it implements (``"matmul"``; ``opruntime.ops.OPS`` lists them).
+        name: unique dotted name ``plugin.op.variant`` (``"cupy.matmul.simt"``), in the
+            namespace of the plugin that registers it; the name users pin in configuration.
         device_kind: the device kind it runs on (``"cuda"``); may be a kind another plugin
             provides.
         dtypes: the computation dtypes it supports (names, e.g. ``FLOATS``).
         run: ``run(problem, config, *arrays) -> array``. ``arrays`` are native device arrays
             in the problem's operand order; ``config`` is one entry of ``configs``. It returns
             a new native array of ``problem.out_shape`` and ``problem.out_dtype``.
+        prepare: ``prepare(problem, config) -> launch``, ``launch(*arrays) -> array`` as ``run``.
+            Compiling happens here: an error raised here counts as the kernel failing on the
+            problem (the selector runs the next candidate).
         supports: ``supports(problem) -> bool``: whether it can solve this problem (beyond
             op, device kind and dtype, which the selector checks itself).
         cost: ``cost(problem, config) -> seconds``: a heuristic estimate used to rank
             candidates when nothing is tuned; lower wins.
-        configs: tunable parameter sets; the heuristic uses the first, the tuner times them all.
-            ``config_for(problem)`` may narrow them per problem.
-        prepare: optional ``prepare(problem, config) -> launch``: what ``run`` would look up on
-            every call, done once. ``launch(*arrays)`` must return what ``run(problem, config,
-            *arrays)`` returns and raise what it raises. The plan calls it after ``run`` first
-            succeeded on the problem (so compiling stays in ``run``); without it the plan calls
-            ``run`` with the problem and config bound.
+        configs: tunable parameter sets (plain JSON data); the heuristic uses the first, the tuner
+            times them all. ``config_for(problem)`` may narrow them per problem.
         vendor: True for vendor-library baselines (cuBLAS, XLA's own ops).
         source: the device source text or anything that identifies the implementation
             version; its hash invalidates tuning results when the kernel changes.
@@ -139,7 +154,7 @@ class Kernel:
     name: str
     device_kind: str
     dtypes: frozenset[str]
-    run: Callable[..., Any]
+    run: Callable[..., Any] | None = None
     supports: Callable[[Problem], bool] = _always
     cost: Callable[[Problem, Mapping[str, Any]], float] | None = None
     configs: tuple[Mapping[str, Any], ...] = ({},)
@@ -147,6 +162,10 @@ class Kernel:
     prepare: Callable[[Problem, Mapping[str, Any]], Callable[..., Any]] | None = None
     vendor: bool = False
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.run is None and self.prepare is None:
+            raise TypeError(f"Kernel {self.name!r}: give run=, prepare= or both")
 
     def candidates(self, problem: Problem) -> Sequence[Mapping[str, Any]]:
         """The configs that apply to ``problem``."""
@@ -156,6 +175,28 @@ class Kernel:
         """The cost estimate in seconds (``inf`` when the kernel gives none)."""
         return self.cost(problem, config) if self.cost else math.inf
 
+    def launcher(self, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
+        """``launch(*arrays)`` for ``problem`` and ``config``: what ``prepare`` returned (kept in
+        the runtime's one bounded launch cache, :data:`LAUNCHES`), or ``run`` bound to them."""
+        key = (self, problem, frozen(config))
+        launch = LAUNCHES.get(key)
+        if launch is None:
+            if self.prepare is not None:
+                launch = self.prepare(problem, config)
+            else:
+                launch = functools.partial(self.run, problem, config)  # type: ignore[arg-type]
+            LAUNCHES[key] = launch
+        return launch
+
+    def __call__(self, problem: Problem, config: Mapping[str, Any], *arrays: Any) -> Any:
+        """Solve ``problem`` once: ``launcher(problem, config)(*arrays)``."""
+        return self.launcher(problem, config)(*arrays)
+
+    @property
+    def plugin(self) -> str:
+        """The namespace of the name: the plugin that registers the kernel."""
+        return self.name.split(".", 1)[0]
+
     @property
     def source_hash(self) -> str:
         """A short hash of ``source`` and ``name`` for cache keys."""
@@ -163,6 +204,19 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {self.op}, {self.device_kind}, {sorted(self.dtypes)})"
+
+
+#: The launchers :meth:`Kernel.launcher` made, by (kernel, problem, config): the one launch cache.
+LAUNCHES = LRU("prepared launches")
+
+
+def frozen(value: Any) -> Any:
+    """``value`` (a config: plain JSON data) as a hashable key."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
 
 
 def roofline(flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float, launch: float = 0.0) -> float:

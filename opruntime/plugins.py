@@ -21,7 +21,8 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .devices import Device, DeviceProvider, resolve_name
+from .devices import Device, resolve_name
+from .hookspecs import DeviceProvider
 from .errors import BackendUnavailable, DeviceUnavailableError, FallbackWarning, PluginError, UnknownDeviceError
 from .kernels import Kernel
 

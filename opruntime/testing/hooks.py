@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import hookspecs
-from ..devices import Device, DeviceProvider
+from ..devices import Device
+from ..hookspecs import DeviceProvider
 from ..kernels import Kernel
 from ..ops import OPS
 from ..ops.base import FLOAT_ORDER
