@@ -4,26 +4,26 @@
     y = opr.softmax(opr.matmul(x, w))            # on the configured device
     with opr.device("cuda:0"): ...               # or per block
     print(opr.explain("matmul", x, w))           # which kernel, and why
+
+This module re-exports only; the operators' functions come from ``opruntime.ops`` (one file each).
 """
 
 from . import errors
 from .config import configure, device, override, reload
 from .devices import Device
-from .hookspecs import DeviceProvider
-from .hookspecs import hookimpl
+from .hookspecs import DeviceProvider, hookimpl
 from .kernels import FLOATS, Kernel, Problem
-from .ops import conv2d, log_softmax, matmul, softmax
+from .ops import *  # noqa: F403  (every operator's public function)
+from .ops import FUNCTIONS, OPS, explain
 from .plugins import available_devices as devices
 from .plugins import register, registry, unregister
-from .selector import explain
 from .tensor import Tensor, tensor
 from .trace import trace
 
 __version__ = "0.1.0"
 
-
 __all__ = [
-    "FLOATS", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "configure", "conv2d", "device",
-    "devices", "errors", "explain", "hookimpl", "log_softmax", "matmul", "override", "register", "reload",
-    "registry", "softmax", "tensor", "trace", "unregister",
+    "FLOATS", "OPS", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "configure", "device", "devices",
+    "errors", "explain", "hookimpl", "override", "register", "registry", "reload", "tensor", "trace", "unregister",
+    *FUNCTIONS,
 ]

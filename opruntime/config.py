@@ -26,6 +26,8 @@ Keys (file, ``configure`` and ``override`` alike; :data:`KEYS` is the source of 
 from __future__ import annotations
 
 import contextvars
+import difflib
+import math
 import os
 import threading
 import tomllib
@@ -36,7 +38,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, DeviceUnavailableError, FallbackWarning
+from .errors import ConfigError
+from .lru import DEFAULT_CAPACITY, LRU, set_capacity
 
 TUNE_MODES = ("off", "heuristic", "autotune")
 
@@ -50,6 +53,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "bucket": ("tuning-cache keys: exact shapes, or each dim rounded up to a power of two", "exact | pow2"),
     "tune_budget": ("seconds the autotuner may spend on one new problem", "a number > 0"),
     "tune_top_k": ("candidates timed per problem, the lowest estimates first (vendor kernels always)", "an int >= 1"),
+    "cache_entries": ("entries each in-memory cache keeps (plans, prepared launches, compiled programs)",
+                      "an int >= 1"),
     "ops": ("per-operator settings: a table per operator with 'device', 'kernel' and/or 'bucket'",
             "[ops.<op>] device = ..., kernel = ..., bucket = ..."),
 }
@@ -64,6 +69,7 @@ ENV = {
     "OPRUNTIME_PLUGINS": "plugins",
     "OPRUNTIME_CACHE_DIR": "cache_dir",
     "OPRUNTIME_BUCKET": "bucket",
+    "OPRUNTIME_CACHE_ENTRIES": "cache_entries",
 }
 
 
@@ -88,6 +94,7 @@ class Settings:
     bucket: str = "exact"
     tune_budget: float = 2.0
     tune_top_k: int = 8
+    cache_entries: int = DEFAULT_CAPACITY
     ops: Mapping[str, OpSettings] = field(default_factory=dict)
     origin: Mapping[str, str] = field(default_factory=dict)  # key -> the source that set it
 
@@ -120,10 +127,10 @@ def _freeze(v: Any) -> Any:
 
 # -- parsing and validation ---------------------------------------------------------------
 def _names(value: Any, where: str, key: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        items = [v.strip() for v in value.split(",")]
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        items = [v.strip() for v in value]
+    if isinstance(value, str) or hasattr(value, "provider"):  # a name, or an opr.Device
+        items = [v.strip() for v in str(value).split(",")]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) or hasattr(v, "provider") for v in value):
+        items = [str(v).strip() for v in value]
     else:
         raise ConfigError(f"{where}: {key!r} must be {KEYS.get(key, ('', 'a list of names'))[1]}, got {value!r}")
     if not all(items):
@@ -151,8 +158,9 @@ def _number(value: Any, kind: type, above: float, what: str, where: str, key: st
     """``value`` as ``kind`` (float or int) when it is one and greater than ``above``."""
     try:
         number = kind(value)
-        ok = not isinstance(value, bool) and number > above and (kind is float or str(number) == str(value).strip())
-    except (TypeError, ValueError):
+        ok = (not isinstance(value, bool) and number > above and math.isfinite(number)
+              and (kind is float or str(number) == str(value).strip()))
+    except (TypeError, ValueError, OverflowError):
         ok = False
     if not ok:
         raise ConfigError(f"{where}: {key!r} must be {what}, got {value!r}")
@@ -177,22 +185,26 @@ def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
             out[key] = str(Path(value).expanduser())
         elif key == "tune_budget":
             out[key] = _number(value, float, 0.0, "a number of seconds > 0", where, key)
-        elif key == "tune_top_k":
+        elif key in ("tune_top_k", "cache_entries"):
             out[key] = _number(value, int, 0, "an int >= 1", where, key)
         elif key == "ops":
             out[key] = _parse_ops(value, where)
     return out
 
 
-def _parse_ops(value: Any, where: str) -> dict[str, OpSettings]:
-    from .ops import OPS
+#: the operator names 'ops' tables may use: filled by ``opruntime.ops`` as it loads the operators
+OPERATORS: set[str] = set()
 
+
+def _parse_ops(value: Any, where: str) -> dict[str, OpSettings]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}: 'ops' must be a table of operators, got {value!r}")
     ops = {}
     for op, table in value.items():
-        if op not in OPS:
-            raise ConfigError(f"{where}: unknown operator {op!r} under 'ops'; operators: {', '.join(OPS)}")
+        if OPERATORS and op not in OPERATORS:
+            close = difflib.get_close_matches(str(op), sorted(OPERATORS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown operator {op!r} under 'ops'.{hint} Operators: {', '.join(sorted(OPERATORS))}")
         if isinstance(table, OpSettings):
             ops[op] = table
             continue
@@ -235,8 +247,8 @@ def find_file(start: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read configuration: {exc}") from exc
     if path.name == "pyproject.toml":
         return data.get("tool", {}).get("opruntime", {})
@@ -250,7 +262,7 @@ _base: Settings | None = None  # defaults + file + env + code, merged
 _layers: list[tuple[str, dict[str, Any]]] = []  # the layers _base was merged from
 _interned: dict[tuple, Settings] = {}
 _override: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar("opruntime_override", default=())
-_effective: dict[tuple, Settings] = {}
+_effective = LRU("settings in force per override", 256)
 
 
 def _merge(layers: list[tuple[str, dict[str, Any]]]) -> Settings:
@@ -293,6 +305,7 @@ def settings() -> Settings:
         with _lock:
             _layers[:] = _base_layers()
             base = _base = _merge(_layers)
+            set_capacity(base.cache_entries)
     over = _override.get()
     if not over:
         return base
@@ -302,6 +315,11 @@ def settings() -> Settings:
         context = {k: dict(v) if k == "ops" else v for k, v in over}
         eff = _effective[key] = _merge([*_layers, ("context", context)])
     return eff
+
+
+#: ``listener(old, new)`` is called after the settings were re-read (the registry rebuilds itself
+#: when the plugin list changed); the layers above register here
+listeners: list[Any] = []
 
 
 def reload() -> None:
@@ -315,10 +333,8 @@ def reload() -> None:
         new = settings()
     except ConfigError:
         return  # raised again, with its message, by the next settings()
-    if old is not None and old.plugins != new.plugins:  # a different plugin set: rebuild the registry
-        from .plugins import reset
-
-        reset()
+    for listener in listeners:
+        listener(old, new)
 
 
 def configure(**values: Any) -> None:
@@ -356,55 +372,3 @@ def device(name: str | list[str] | tuple[str, ...]) -> Any:
     A list is a priority list (the first present device wins).
     """
     return override(device=name)
-
-
-# -- device resolution ------------------------------------------------------------------------
-_announced: set[tuple[str, ...]] = set()
-
-
-def resolve_device(s: Settings, op: str, wanted: str | list[str] | tuple[str, ...] | None = None) -> Any:
-    """The device for host data of ``op``: the call's ``wanted``, else the op's setting, else
-    the global one, else the best present device. Returns an ``opruntime.Device``."""
-    from .plugins import registry
-
-    reg = registry()
-    if wanted is not None:
-        names = (wanted,) if isinstance(wanted, str) else tuple(str(w) for w in wanted)
-        source = "the device= argument"
-    else:
-        op_s = s.ops.get(op)
-        if op_s and op_s.device:
-            names, source = op_s.device, s.origin.get(f"ops.{op}", "config")
-        elif s.device:
-            names, source = s.device, s.origin.get("device", "config")
-        else:
-            if not reg.devices:
-                raise DeviceUnavailableError("no device is available: no backend plugin loaded (see `opruntime info`)")
-            return reg.devices[0]
-    errors = []
-    for name in names:
-        try:
-            dev = reg.device(name)
-        except DeviceUnavailableError as exc:
-            errors.append(str(exc))
-            continue
-        if errors:
-            _announce_fallback(s, names, dev.name, errors, source)
-        return dev
-    raise DeviceUnavailableError(
-        f"{op}: none of the devices {list(names)} (from {source}) is available:\n  " + "\n  ".join(errors)
-    )
-
-
-def _announce_fallback(s: Settings, names: tuple[str, ...], chosen: str, errors: list[str], source: str) -> None:
-    msg = f"opruntime: falling back to {chosen!r} from {source} {list(names)}: " + "; ".join(errors)
-    if s.strict:
-        raise DeviceUnavailableError(msg + " (strict mode: fallbacks raise)")
-    key = (*names, chosen)
-    if key not in _announced:
-        _announced.add(key)
-        import logging
-
-        logging.getLogger("opruntime").warning(msg)
-        warnings.warn(msg, FallbackWarning, stacklevel=4)
-

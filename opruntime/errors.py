@@ -23,8 +23,17 @@ class AttributeValueError(OpRuntimeError, ValueError):
     """A bad operator attribute: stride, padding, dilation, groups, axis, ..."""
 
 
+class UnknownAttributeError(OpRuntimeError, TypeError):
+    """A keyword the operator does not take (as Python's own TypeError for an unexpected keyword)."""
+
+
 class DtypeError(OpRuntimeError, TypeError):
     """A dtype the operator or the device does not support."""
+
+
+class InputTypeError(OpRuntimeError, TypeError):
+    """An operand opruntime cannot take as it is: a masked array (its mask would be lost or
+    ignored), an object array, an array type no device owns and NumPy cannot read."""
 
 
 class DeviceError(OpRuntimeError):
@@ -82,7 +91,13 @@ class KernelCompileError(KernelError):
 
 
 class OutOfMemoryError(OpRuntimeError, MemoryError):
-    """The device could not allocate the memory a call needs."""
+    """The device could not allocate the memory a call needs (or the call's result is larger than
+    the device's free memory: refused before any kernel runs)."""
+
+
+class CacheError(OpRuntimeError):
+    """The tuning cache cannot be used as asked: its directory is not writable or not a directory,
+    or a file to import is not a valid export."""
 
 
 class FallbackWarning(UserWarning):

@@ -149,6 +149,11 @@ class DeviceProvider(abc.ABC):
         """Convert device data to ``dtype`` on the device."""
         return data.astype(dtype)
 
+    def copy(self, data: Any) -> Any:
+        """A new device array with ``data``'s values (``opr.tensor`` of a native array copies: a
+        Tensor never changes because the caller changed an array)."""
+        return data.copy()
+
     def owns(self, data: Any) -> bool:
         """True when ``data`` is a native array living on this device."""
         return isinstance(data, self.array_types)

@@ -19,16 +19,14 @@ the next candidate runs; in strict mode the error is raised instead.
 from __future__ import annotations
 
 import difflib
-import functools
 import logging
 import math
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from . import tuning
 from .errors import (
@@ -40,8 +38,9 @@ from .errors import (
     NoKernelError,
     OutOfMemoryError,
 )
-from .kernels import Kernel, Problem
-from .tensor import Tensor
+from .kernels import LAUNCHES, Kernel, Problem, c_strides, itemsize, np_dtype
+from .lru import LRU
+from .plugins import registry, reset_listeners
 from .trace import active as _tracing
 
 if TYPE_CHECKING:
@@ -50,21 +49,24 @@ if TYPE_CHECKING:
     from .ops.base import Normalized, Operator
 
 log = logging.getLogger("opruntime")
-_new_tensor = object.__new__
 
-#: call key -> Plan; see ``Operator.__call__``.
-plans: dict[tuple, Plan] = {}
+#: call key -> Plan; see ``Operator.call``. Bounded: the ``cache_entries`` setting.
+plans = LRU("plans")
 #: (settings, op) -> the default device for host data.
-defaults: dict[tuple, Device] = {}
+defaults = LRU("default devices")
 
-__all__ = ["Candidate", "Plan", "Problem", "rank", "make_plan", "explain", "clear_cache", "plans"]
+__all__ = ["Candidate", "Explanation", "Plan", "Problem", "clear_cache", "make_plan", "plans", "rank"]
 
 
 def clear_cache() -> None:
-    """Forget every decision (after the registry or the settings change)."""
+    """Forget every decision and prepared launch (after the registry or the settings change)."""
     plans.clear()
     defaults.clear()
+    LAUNCHES.clear()
     tuning.forget_devices()
+
+
+reset_listeners.append(clear_cache)
 
 
 @dataclass
@@ -89,8 +91,6 @@ def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate]
     Returns:
         (usable candidates best first, every candidate with its status, why the first won).
     """
-    from .plugins import registry
-
     reg = registry()
     if all(d.name != device.name for d in reg.devices):  # e.g. a Tensor made before its plugin went away
         raise DeviceUnavailableError(f"{problem.op}: device {device.name!r} is no longer available (its plugin was "
@@ -170,10 +170,18 @@ def announce(s: Settings, msg: str, exc: BaseException | None = None) -> None:
 
 class Plan:
     """Everything needed to answer one distinct call: the ranked kernels and the frontend's
-    reshapes and casts around them. Calling it runs the best kernel that works."""
+    reshapes and casts around them. Calling it with the operands' native arrays returns the
+    result's native array, from the best kernel that works.
 
-    __slots__ = ("op", "problem", "device", "order", "rows", "why", "settings", "casts", "views",
-                 "result_shape", "trivial", "fast")
+    Every result is checked: on the first call of each kernel, that it is a new array of the
+    problem's shape and dtype owned by the device and sharing no memory with an operand; on every
+    later call, its class, shape and dtype (a few attribute reads). A kernel that fails or gives a
+    wrong result is dropped for this problem (thread-safely: only the thread that sees it fail
+    first drops it, announced once) and the next candidate runs; in strict mode the error raises.
+    """
+
+    __slots__ = ("_lock", "casts", "device", "launch", "launch_of", "op", "order", "out_cls", "out_dtype", "plain",
+                 "problem", "result_shape", "rows", "settings", "trivial", "views", "why")
 
     def __init__(self, op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
                  casts: tuple[bool, ...], in_shapes: tuple[tuple[int, ...], ...]) -> None:
@@ -182,15 +190,20 @@ class Plan:
         self.views = norm.shapes
         self.result_shape = norm.result_shape
         self.trivial = norm.trivial
+        self.out_dtype = np_dtype(problem.out_dtype)
         self.order: list[Candidate] = []
         self.rows: list[Candidate] = []
         self.why = "nothing to compute" if norm.trivial else ""
         if not norm.trivial:
+            check_fits(problem, device)
             self.order, self.rows, self.why = rank(problem, device, s)
         # the call's shapes are part of the plan's key, so whether views are needed is known now
-        plain = (self.casts is None and not self.trivial and self.result_shape == problem.out_shape
-                 and tuple(in_shapes) == self.views)
-        self.fast = self._fast() if plain else None
+        self.plain = (self.casts is None and not self.trivial and self.result_shape == problem.out_shape
+                      and tuple(in_shapes) == self.views)
+        self.launch: Callable[..., Any] | None = None  # the hot path, armed after a checked first call
+        self.launch_of: Candidate | None = None
+        self.out_cls: type | None = None
+        self._lock = threading.Lock()
 
     def placing(self, host: tuple[bool, ...]) -> Any:
         """This plan for calls whose operands marked in ``host`` are host (NumPy) arrays."""
@@ -204,49 +217,31 @@ class Plan:
         """The kernel that runs now (None for a trivial problem)."""
         return self.order[0].kernel if self.order else None
 
-    def _fast(self) -> Callable[..., Any] | None:
-        """The hot path's ``launch(*arrays)``: the first kernel's ``run`` bound to the problem and
-        config, swapped after its first success for what the kernel's ``prepare`` returns."""
-        if not self.order:
-            return None
-        c = self.order[0]
-        kernel, problem, config = c.kernel, self.problem, c.config
-        plain = functools.partial(kernel.run, problem, config)
-        if kernel.prepare is None:
-            return plain
-
-        def first(*datas: Any) -> Any:
-            out = plain(*datas)  # compiles and checks as every first call does
-            if self.fast is first:
-                try:
-                    self.fast = kernel.prepare(problem, config)
-                except Exception as exc:  # a backend bug: the plain path still answers right
-                    log.warning("%s: prepare failed (%s: %s); calls go through run", kernel.name,
-                                type(exc).__name__, exc)
-                    self.fast = plain
-            return out
-
-        return first
-
-    def __call__(self, datas: list[Any]) -> Tensor:
-        fast = self.fast
-        if fast is not None and not _tracing:  # the hot path: no casts, no reshapes, no trace
+    def __call__(self, datas: list[Any]) -> Any:
+        launch = self.launch
+        if launch is not None and not _tracing:  # the hot path: no casts, no reshapes, no trace
             try:
-                out = fast(*datas)
+                out = launch(*datas)
             except (MemoryError, DeviceUnavailableError) as exc:
                 raise _fatal(self, exc)  # noqa: B904 (the error itself, or one with its cause set)
             except Exception as exc:
-                out = self._fallback(datas, exc)
-            t = _new_tensor(Tensor)
-            t._data, t._device, t._key = out, self.device, None
-            return t
+                return self._failed(launch, datas, exc)
+            if out.__class__ is self.out_cls and out.shape == self.problem.out_shape and out.dtype == self.out_dtype:
+                return out
+            return self._failed(launch, datas, KernelError(self._wrong(out, datas) or "a result unlike the first"))
         if _tracing:
             return self._traced(datas)
         return self._call(datas)
 
-    def _traced(self, datas: list[Any]) -> Tensor:
-        import threading
+    def _failed(self, launch: Any, datas: list[Any], exc: Exception) -> Any:
+        c = self.launch_of
+        if self.launch is launch:
+            self.launch = None
+        if c is not None:
+            self._drop(c, exc)
+        return self._run(datas)
 
+    def _traced(self, datas: list[Any]) -> Any:
         from .trace import Event
 
         sync = self.device.provider.synchronize
@@ -262,56 +257,93 @@ class Plan:
             tr.record(event)
         return out
 
-    def _call(self, datas: list[Any]) -> Tensor:
-        dev = self.device
+    def _call(self, datas: list[Any]) -> Any:
+        prov = self.device.provider
         if self.casts is not None:
-            dt = np.dtype(self.problem.out_dtype)
-            datas = [dev.provider.astype(d, dt) if c else d for d, c in zip(datas, self.casts)]
+            datas = [prov.astype(d, self.out_dtype) if c else d for d, c in zip(datas, self.casts)]
         if self.trivial:
-            return Tensor._wrap(self._trivial(datas), dev)
+            return self.op.trivial_result(self.problem, self.result_shape, self.trivial, datas, prov)
         datas = [d if d.shape == s else d.reshape(s) for d, s in zip(datas, self.views)]
-        if not self.order:  # every kernel failed on an earlier call
-            raise KernelError(f"{self.problem.op}: every kernel failed earlier on {self.problem} ({self.device.name}): "
-                              + "; ".join(f"{c.kernel.name}: {c.status}" for c in self.rows if c.status != "ok"))
-        c = self.order[0]
-        try:
-            out = c.kernel.run(self.problem, c.config, *datas)
-        except (MemoryError, DeviceUnavailableError) as exc:
-            raise _fatal(self, exc)  # noqa: B904 (the error itself, or one with its cause set)
-        except Exception as exc:
-            out = self._fallback(datas, exc)
+        out = self._run(datas)
         if self.result_shape != self.problem.out_shape:
             out = out.reshape(self.result_shape)
-        return Tensor._wrap(out, dev)
+        return out
 
-    def _fallback(self, datas: list[Any], exc: Exception) -> Any:
-        errors = []
+    def _run(self, datas: list[Any]) -> Any:
+        """Run the best remaining kernel on ``datas`` (the kernel's views) with the full result
+        check; dropping kernels that fail until one answers."""
         while True:
-            failed = self.order.pop(0)
-            self.fast = self._fast() if self.fast is not None else None
-            failed.status = f"failed: {type(exc).__name__}: {exc}"
-            errors.append(f"{failed.kernel.name}: {type(exc).__name__}: {exc}")
-            if not self.order:
-                raise KernelError(f"{self.problem.op}: every kernel failed on {self.problem} ({self.device.name}):\n  "
-                                  + "\n  ".join(errors)) from exc
-            nxt = self.order[0]
-            announce(self.settings, f"{self.problem.op}: kernel {failed.kernel.name!r} failed on {self.problem} "
-                     f"({self.device.name}): {type(exc).__name__}: {exc}; using {nxt.kernel.name!r}", exc)
+            with self._lock:
+                if not self.order:
+                    raise KernelError(
+                        f"{self.problem.op}: every kernel failed on {self.problem} ({self.device.name}): "
+                        + "; ".join(f"{c.kernel.name}: {c.status}" for c in self.rows if c.status != "ok"))
+                c = self.order[0]
             try:
-                return nxt.kernel.run(self.problem, nxt.config, *datas)
+                launch = c.kernel.launcher(self.problem, c.config)
+                out = launch(*datas)
+                wrong = self._wrong(out, datas)
+                if wrong is None:
+                    if self.plain:
+                        with self._lock:
+                            if self.order and self.order[0] is c:
+                                self.launch_of, self.out_cls, self.launch = c, out.__class__, launch
+                    return out
+                exc: Exception = KernelError(wrong)
             except (MemoryError, DeviceUnavailableError) as fatal:
                 raise _fatal(self, fatal)  # noqa: B904 (the error itself, or one with its cause set)
-            except Exception as again:
-                exc = again
+            except Exception as failure:
+                exc = failure
+            self._drop(c, exc)
 
-    def _trivial(self, datas: list[Any]) -> Any:
-        prov, dt = self.device.provider, np.dtype(self.problem.out_dtype)
-        if self.trivial == "empty" or self.problem.attrs.get("bias") is not True:
-            out = prov.empty if self.trivial == "empty" else prov.zeros
-            return out(self.result_shape, dt)
-        bias = prov.to_host(datas[2]).reshape(1, -1, 1, 1)  # conv2d over zero input channels: the bias
-        out = np.broadcast_to(bias, self.problem.out_shape).reshape(self.result_shape)
-        return prov.from_host(np.ascontiguousarray(out))
+    def _wrong(self, out: Any, datas: list[Any]) -> str | None:
+        """What is wrong with a kernel's result ``out``, or None."""
+        prov, p = self.device.provider, self.problem
+        if not prov.owns(out):
+            return f"the result is a {type(out).__name__}, not an array of {self.device.name}"
+        if tuple(out.shape) != p.out_shape or out.dtype != self.out_dtype:
+            return f"the result has shape {tuple(out.shape)} {out.dtype}, not {p.out_shape} {p.out_dtype}"
+        if any(prov.shares_memory(out, d) for d in datas):
+            return "the result shares memory with an operand (a kernel must return a new array)"
+        return None
+
+    def _drop(self, failed: Candidate, exc: Exception) -> None:
+        """Drop ``failed`` for this problem, unless another thread already did; announce it."""
+        with self._lock:
+            if not self.order or self.order[0] is not failed:
+                return  # another thread saw it fail first and moved on
+            self.order.pop(0)
+            if self.launch_of is failed:
+                self.launch = self.launch_of = None
+            failed.status = f"failed: {type(exc).__name__}: {exc}"
+            nxt = self.order[0].kernel.name if self.order else None
+        if nxt is None:
+            if self.settings.strict:
+                raise KernelError(f"{self.problem.op}: kernel {failed.kernel.name!r} failed on {self.problem} "
+                                  f"({self.device.name}): {type(exc).__name__}: {exc}") from exc
+            return  # _run raises "every kernel failed" with each reason
+        announce(self.settings, f"{self.problem.op}: kernel {failed.kernel.name!r} failed on {self.problem} "
+                 f"({self.device.name}): {type(exc).__name__}: {exc}; using {nxt!r}", exc)
+
+
+def check_fits(problem: Problem, device: Device) -> None:
+    """Refuse a problem whose result (and the contiguous copies of strided operands a kernel may
+    make) exceeds the device's free memory, before any kernel runs.
+
+    Raises:
+        OutOfMemoryError: naming the op, the sizes and the device.
+    """
+    size = itemsize(problem.out_dtype)
+    need = math.prod(problem.out_shape) * size
+    for shape, strides in zip(problem.shapes, problem.strides):
+        if strides is not None and strides != c_strides(shape):
+            need += math.prod(shape) * size
+    free = device.provider.free_memory()
+    if free is not None and need > free:
+        raise OutOfMemoryError(
+            f"{problem.op}: {problem} needs {need / 2**30:.3g} GiB for its result"
+            f"{' and operand copies' if need > math.prod(problem.out_shape) * size else ''}, but {device.name} has "
+            f"{free / 2**30:.3g} GiB free; use smaller operands (or split the call), or another device")
 
 
 def _fatal(plan: Plan, exc: BaseException) -> BaseException:
@@ -327,12 +359,12 @@ def _fatal(plan: Plan, exc: BaseException) -> BaseException:
 class _Placing:
     """A plan behind a copy of its host operands to the device (the cached form of such calls)."""
 
-    __slots__ = ("plan", "host", "from_host")
+    __slots__ = ("device", "from_host", "host", "plan")
 
     def __init__(self, plan: Plan, host: tuple[bool, ...], from_host: Any) -> None:
-        self.plan, self.host, self.from_host = plan, host, from_host
+        self.plan, self.host, self.from_host, self.device = plan, host, from_host, plan.device
 
-    def __call__(self, datas: list[Any]) -> Tensor:
+    def __call__(self, datas: list[Any]) -> Any:
         to = self.from_host
         return self.plan([to(d) if h else d for d, h in zip(datas, self.host)])
 
@@ -369,32 +401,3 @@ class Explanation:
         return "\n".join(lines)
 
     __repr__ = __str__
-
-
-def explain(op: str, *args: Any, device: Any = None, **attrs: Any) -> Explanation:
-    """Which kernel ``opr.<op>(*args, **attrs)`` would run, the candidates, and why.
-
-    Example:
-        >>> print(opr.explain("matmul", a, b))
-    """
-    from .config import settings
-    from .ops import OPS
-    from .ops.base import place
-
-    if op not in OPS:
-        close = difflib.get_close_matches(op, list(OPS), n=2)
-        raise NoKernelError(f"explain: unknown operator {op!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-                            + f" Operators: {', '.join(OPS)}")
-    operator = OPS[op]
-    s = settings()
-    datas, dev = place(op, operator.operands, args, device, s)
-    try:
-        key = operator.key(s, dev, datas, attrs)
-        cached = key in plans
-    except TypeError:
-        cached = False
-    # a cached plan shows what calls really run (kernels that failed since are marked so)
-    plan = getattr(plans[key], "plan", plans[key]) if cached else operator.plan(datas, dev, attrs, s)
-    rows = plan.rows if plan.rows else plan.order
-    chosen = plan.order[0].label if plan.order else None
-    return Explanation(plan.problem, dev.name, rows, chosen, plan.why, cached)

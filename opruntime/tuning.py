@@ -19,13 +19,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
+import sqlite3
 import statistics
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import cache
+from .errors import CacheError
 from .kernels import Problem, c_strides, itemsize, np_dtype
+from .plugins import registry
+from .timing import back_to_back, measure_rounds
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -80,18 +84,6 @@ def input_sets(problem: Problem) -> int:
     return int(min(4, math.ceil(ROTATE_BELOW / nbytes)))
 
 
-def _back_to_back(prov: Any, call: Any, reps: int) -> float:
-    """Seconds per call of ``reps`` calls issued back to back, then one synchronisation: what a
-    program sees when a kernel's launch path costs more host time than its device time (which
-    per-launch device events do not show)."""
-    prov.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        call()
-    prov.synchronize()
-    return (time.perf_counter() - t0) / reps
-
-
 def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], *, budget_s: float = 2.0,
              top_k: int = 8, target_s: float = 0.02, progress: Any = None) -> list[Candidate]:
     """Time ``candidates`` (mutated: ``measured`` and ``status`` set) and return them fastest first;
@@ -131,7 +123,7 @@ def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], 
             remaining = budget_s - (time.perf_counter() - start)
             reps = max(1, min(reps, int(remaining / max(first, 1e-7)))) if remaining > 0 else 1
             device_s = statistics.median(prov.time(call, repeats=reps, warmup=0))
-            c.measured = max(device_s, _back_to_back(prov, call, reps))
+            c.measured = max(device_s, back_to_back(call, prov.synchronize, reps))
             best = min(best, c.measured)
         except Exception as exc:
             c.measured, c.status = math.inf, f"failed while tuning: {type(exc).__name__}: {exc}"
@@ -148,13 +140,17 @@ def autotune(problem: Problem, device: Device, candidates: Sequence[Candidate], 
 
 
 def _caller(problem: Problem, c: Candidate, sets: list[list[Any]]) -> Any:
-    """``call()``: one run of candidate ``c``, rotating through the input sets."""
+    """``call()``: one run of candidate ``c`` through its prepared launcher (prepared on the first
+    call, so a build counts as the first run's time), rotating through the input sets."""
     turn = [0]
+    launch: list[Any] = []
 
     def call() -> Any:
+        if not launch:
+            launch.append(c.kernel.launcher(problem, c.config))
         arrays = sets[turn[0] % len(sets)]
         turn[0] += 1
-        return c.kernel.run(problem, c.config, *arrays)
+        return launch[0](*arrays)
 
     return call
 
@@ -174,29 +170,20 @@ def refine(prov: Any, timed: Sequence[Candidate], calls: dict[int, Any], *, dead
 
     One after the other, each candidate meets the device in its own state (clocks, temperature,
     what the previous one left in the caches): a few percent, as much as the gap between the best
-    configs. Here they run in rounds, one back-to-back batch (~5 ms) each, in an order shuffled
-    every round, and each score is the median of its batches, the measure ``opruntime bench``
-    uses too. Stops at ``deadline`` (the tuning budget).
+    configs. Here they run through the bench's harness (:func:`opruntime.timing.measure_rounds`):
+    rounds of one back-to-back batch (~5 ms) each, in an order shuffled every round, each score
+    the median of its batches. Stops at ``deadline`` (the tuning budget).
     """
     close = near_ties(timed)
     if len(close) < 2:
         return False
-    reps = max(1, min(1000, int(5e-3 / max(close[0].measured, 1e-7))))
-    samples: dict[int, list[float]] = {id(c): [] for c in close}
-    order, shuffle = list(close), random.Random(0).shuffle
-    for _ in range(REFINE_ROUNDS):
-        if time.perf_counter() > deadline:
-            break
-        shuffle(order)
-        try:
-            for c in order:
-                samples[id(c)].append(_back_to_back(prov, calls[id(c)], reps))
-        except Exception:  # they all ran before; keep the first scores
-            return False
-    if not all(samples.values()):
+    sync = prov.synchronize
+    samples, errors = measure_rounds({str(id(c)): (calls[id(c)], sync) for c in close}, REFINE_ROUNDS, 5e-3,
+                                     idle=sync, deadline=deadline)
+    if errors or len(samples) < len(close):  # they all ran before; keep the first scores
         return False
     for c in close:
-        c.measured = statistics.median(samples[id(c)])
+        c.measured = statistics.median(samples[str(id(c))])
     return True
 
 
@@ -232,10 +219,6 @@ def recheck(problem: Problem, device: Device, order: list[Candidate], why: str, 
 
 def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[Candidate]) -> tuple[list[Candidate], str] | None:
     """The order from the tuning cache, or (autotune) from timing the candidates now; None when neither."""
-    import sqlite3
-
-    from . import cache
-
     key = problem_key(problem, s.bucket_for(problem.op))
     fp = device_key(device)
     store = entry = None
@@ -243,8 +226,8 @@ def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[
         store = cache.tuning_cache()
         if s.tune == "autotune" or store.path.exists():
             entry = store.get(fp, key)
-    except (OSError, sqlite3.Error) as exc:
-        log.warning("opruntime: tuning cache unusable (%s); selecting without it", exc)
+    except (OSError, sqlite3.Error, CacheError) as exc:
+        _cache_unusable(exc)
     if entry is not None:
         match = [c for c in usable if c.kernel.name == entry.kernel and c.config == entry.config]
         if match and match[0].kernel.source_hash == entry.source_hash:
@@ -275,10 +258,20 @@ def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[
         try:
             store.put(cache.Entry(fp, key, best.kernel.name, dict(best.config), best.kernel.source_hash, best.measured,
                                   [_record(c) for c in order], device.name))
-        except (OSError, sqlite3.Error) as exc:
-            log.warning("opruntime: could not write the tuning cache (%s)", exc)
+        except (OSError, sqlite3.Error, CacheError) as exc:
+            _cache_unusable(exc)
     usable_order = [c for c in order if not c.status.startswith("failed")]
     return usable_order, f"tuned now: fastest of {n} timed ({best.measured * 1e6:.1f} us)"
+
+
+_said: set[str] = set()
+
+
+def _cache_unusable(exc: BaseException) -> None:
+    """Say once per reason that the tuning cache cannot be used; selection goes on without it."""
+    if str(exc) not in _said:
+        _said.add(str(exc))
+        log.warning("opruntime: tuning cache unusable (%s); selecting without it", exc)
 
 
 def _record(c: Candidate) -> dict[str, Any]:
@@ -299,9 +292,6 @@ def device_key(device: Device) -> str:
     """The tuning-cache key of a device: its fingerprint plus the providing backend's version."""
     key = _device_keys.get(device.name)
     if key is None:
-        from . import cache
-        from .plugins import registry
-
         rec = registry().plugin_of(device.name)
         fp = {**device.provider.fingerprint(), "kind": device.kind,
               "backend": f"{rec.name} {rec.version}" if rec else ""}

@@ -45,11 +45,32 @@ class CpuDevice(DeviceProvider):
     def from_dlpack(self, obj: Any) -> np.ndarray:
         return np.from_dlpack(obj)
 
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        return np.may_share_memory(a, b)
+
+    def free_memory(self) -> int | None:
+        return available_memory()
+
     def fingerprint(self) -> dict[str, str]:
         return {"name": self.name, "cpu": self.description, "cores": str(os.cpu_count()), "numpy": np.__version__}
 
     def info(self) -> dict[str, str]:
         return {"cores": str(os.cpu_count()), "numpy": np.__version__}
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory a new allocation can take now (Linux: MemAvailable), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def compute_dtype(dtype: str) -> np.dtype:

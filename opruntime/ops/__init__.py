@@ -1,11 +1,70 @@
-"""The operators: one module per family; each defines validation, shape inference and a
-float64 reference. :data:`OPS` maps operator names to their :class:`~.base.Operator`."""
+"""The operators: one module each (``opruntime/ops/<name>.py``), found here by themselves.
 
-from .base import Operator, result_dtype
-from .conv import CONV2D, conv2d
-from .matmul import MATMUL, matmul
-from .softmax import LOG_SOFTMAX, SOFTMAX, log_softmax, softmax
+:data:`OPS` maps operator names to their :class:`~.base.Operator`; :data:`FUNCTIONS` maps them to
+their public functions, which are also attributes of this package (and of ``opruntime``). Adding
+an operator is adding its file: nothing here or elsewhere in the frontend lists operators.
+"""
 
-OPS: dict[str, Operator] = {op.name: op for op in (MATMUL, CONV2D, SOFTMAX, LOG_SOFTMAX)}
+from __future__ import annotations
 
-__all__ = ["OPS", "Operator", "conv2d", "log_softmax", "matmul", "result_dtype", "softmax"]
+import difflib
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+from .. import config, selector
+from ..config import settings
+from ..errors import NoKernelError
+from .base import FLOAT_ORDER, Case, Normalized, Operator, place, result_dtype
+
+OPS: dict[str, Operator] = {}
+FUNCTIONS: dict[str, Callable[..., Any]] = {}
+
+
+def _discover() -> None:
+    """Import every operator module of this package and collect its operators and functions."""
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name == "base" or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            op = getattr(value, "operator", None)
+            if callable(value) and isinstance(op, Operator) and value.__name__ == op.name:
+                OPS[op.name] = op
+                FUNCTIONS[op.name] = value
+    config.OPERATORS.update(OPS)
+
+
+_discover()
+globals().update(FUNCTIONS)
+
+
+def explain(op: str, *args: Any, device: Any = None, **attrs: Any) -> selector.Explanation:
+    """Which kernel ``opr.<op>(*args, **attrs)`` would run, the candidates, and why.
+
+    Example:
+        >>> print(opr.explain("matmul", a, b))
+    """
+    if op not in OPS:
+        close = difflib.get_close_matches(op, list(OPS), n=2)
+        raise NoKernelError(f"explain: unknown operator {op!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                            + f" Operators: {', '.join(OPS)}")
+    operator = OPS[op]
+    s = settings()
+    datas, dev = place(op, operator.operands, args, device, s)
+    try:
+        key = operator.key(s, dev, datas, attrs)
+        cached = key in selector.plans
+    except TypeError:
+        cached = False
+    # a cached plan shows what calls really run (kernels that failed since are marked so)
+    plan = selector.plans.get(key) if cached else operator.plan(datas, dev, attrs, s)
+    plan = getattr(plan, "plan", plan)
+    rows = plan.rows if plan.rows else plan.order
+    chosen = plan.order[0].label if plan.order else None
+    return selector.Explanation(plan.problem, dev.name, rows, chosen, plan.why, cached)
+
+
+__all__ = ["FLOAT_ORDER", "FUNCTIONS", "OPS", "Case", "Normalized", "Operator", "explain", "result_dtype",
+           *FUNCTIONS]

@@ -1,29 +1,36 @@
-"""What every operator shares: dtype rules, placement, and the per-call path.
+"""What every operator shares: the :class:`Operator` unit, dtype rules, placement, and the call path.
 
-An operator module defines an :class:`Operator` subclass with ``normalize`` (validation and
-shape / dtype inference) and ``reference`` (the float64 result tests compare against). The call
-path is the same for all: place the operands on one device, look the exact call up in the plan
-cache, and on a miss validate, build the :class:`~opruntime.kernels.Problem` and let the
-selector rank kernels (``opruntime.selector``).
+An operator is one file in ``opruntime/ops/``: an :class:`Operator` subclass (validation and shape
+/ dtype inference in ``normalize``, the float64 ``reference``, ``flops`` / ``bytes`` and whether
+it is memory- or compute-bound, trivial results, the conformance ``cases``, the ``bench`` shapes
+and how each ``peers`` library computes it) and its public function, made from the operator by
+:meth:`Operator.function`. ``opruntime.ops`` finds the files itself; nothing else in the frontend
+names an operator.
+
+The call path is the same for all: place the operands on one device, look the exact call up in
+the plan cache (its key holds each attribute's value *and type*, so a key is found only for a call
+that validates as the one that made it), and on a miss validate, build the
+:class:`~opruntime.kernels.Problem` and let the selector rank kernels (``opruntime.selector``).
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .. import selector
-from ..config import resolve_device, settings
+from ..config import settings
 from ..devices import Device
-from ..errors import DeviceMismatchError, DtypeError
-from ..kernels import Attrs, Problem, c_strides
-from ..plugins import registry
-from ..tensor import Tensor, signature_id
+from ..errors import AttributeValueError, DeviceMismatchError, DtypeError
+from ..kernels import Attrs, Problem, c_strides, itemsize
+from ..plugins import registry, resolve_device
+from ..tensor import Tensor, host_array, signature_id
 
 #: Computation dtypes, narrow to wide. Mixed operands promote to the widest; float16 with
 #: bfloat16 promotes to float32 (neither holds the other). Integer and bool arrays are rejected;
@@ -31,7 +38,7 @@ from ..tensor import Tensor, signature_id
 FLOAT_ORDER = ("float16", "bfloat16", "float32", "float64")
 
 
-_plans_get = selector.plans.get  # the plan cache is one dict for the process (cleared, never replaced)
+_plans_get = selector.plans.get  # the plan cache is one LRU for the process (cleared, never replaced)
 
 
 def result_dtype(op: str, dtypes: Sequence[np.dtype]) -> str:
@@ -63,13 +70,84 @@ class Normalized:
     trivial: str | None = None  # "empty" (nothing to compute) or "zeros" (an empty reduction)
 
 
+@dataclass(frozen=True)
+class Case:
+    """One problem of an operator, as a user passes it: for the conformance suite and the bench.
+
+    Attributes:
+        shapes: the operands' shapes as the user passes them.
+        attrs: the operator's keyword attributes.
+        dtype: the computation dtype (the bench's; the conformance suite tries every dtype).
+        views: per operand, ``None`` (contiguous), ``"T"`` (the last two dims swapped on the device)
+            or ``"slice"`` (every other element of the last dim, a strided device view).
+        scale: the operands' standard deviation (softmax wants a spread of values).
+        op: the operator's name (filled in by the operator).
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    views: tuple[str | None, ...] = ()
+    scale: float = 1.0
+    op: str = ""
+
+    @property
+    def id(self) -> str:
+        """A test id: ``(7,13)x(13,5)-stride=2-0T``."""
+        ops = "x".join("(" + ",".join(map(str, s)) + ")" for s in self.shapes)
+        views = "".join(f"-{i}{v}" for i, v in enumerate(self.views) if v)
+        attrs = "".join(f"-{k}={v}" for k, v in self.attrs.items()).replace(" ", "")
+        return f"{ops}{attrs}{views}"
+
+    @property
+    def label(self) -> str:
+        """A bench label: ``1024x1024 x 1024x1024 padding=1``."""
+        s = " x ".join("x".join(map(str, sh)) for sh in self.shapes)
+        a = ",".join(f"{k}={v}" for k, v in self.attrs.items())
+        return f"{s} {a}".strip()
+
+
+#: ``peer(lib, *arrays, **attrs) -> result``: the operator computed by another library, given that
+#: library's module and the operands already placed for it: ``"numpy"`` (the bench passes CuPy as
+#: ``lib`` on CUDA devices), ``"torch"`` (and ``"triton"``: torch tensors), ``"jax"``. ``"onnx"``
+#: is ``onnx(**attrs) -> (op_type, attributes)``: the one ONNX node that computes it.
+Peer = Callable[..., Any]
+
+
 class Operator(abc.ABC):
-    """Base of the operators. Subclasses set ``name``, ``operands`` and implement
-    ``normalize`` and ``reference``; ``flops`` and ``bytes`` feed the cost models and the bench."""
+    """One operator: everything the runtime, the conformance suite, the bench, the peers and the
+    docs know about it.
+
+    A subclass sets ``name``, ``operands`` (and ``required`` when trailing operands are optional),
+    ``bound`` (``"memory"`` or ``"compute"``: which roof the bench reports), implements
+    ``normalize`` and ``reference``, and fills the tables:
+
+    * ``cases``: conformance problems (odd sizes, size-1 dims, strided views, every attribute);
+      ``quick`` picks the indices a quick run takes;
+    * ``empty``: size-0 problems (the frontend answers them itself: kernels never see them);
+    * ``bench``: suite name -> cases (``opruntime bench --suite <name>``);
+    * ``peers``: library -> :data:`Peer`.
+
+    The public function is the operator's :meth:`function` applied to a stub that gives the
+    signature, the types and the docstring.
+    """
 
     name: str = ""
     operands: tuple[str, ...] = ()  # names for messages: ("a", "b")
     required: int | None = None  # operands that must be given (default: all of them)
+    bound: str = "compute"  # "memory" or "compute"
+    cases: Sequence[Case] = ()
+    quick: Sequence[int] = (0,)
+    empty: Sequence[Case] = ()
+    bench: Mapping[str, Sequence[Case]] = {}
+    peers: Mapping[str, Peer] = {}
+
+    def __init__(self) -> None:
+        # the tables name this operator (one class may serve two: softmax and log_softmax)
+        self.cases = [replace(c, op=self.name) for c in self.cases]
+        self.empty = [replace(c, op=self.name) for c in self.empty]
+        self.bench = {suite: [replace(c, op=self.name) for c in cs] for suite, cs in self.bench.items()}
+        self.attributes: tuple[str, ...] = ()  # in the public signature's order (see function)
 
     @abc.abstractmethod
     def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
@@ -79,21 +157,76 @@ class Operator(abc.ABC):
     def reference(self, *arrays: np.ndarray, **attrs: Any) -> np.ndarray:
         """The float64 result, computed plainly with NumPy."""
 
-    def flops(self, problem: Any) -> float:
-        return 0.0
+    def flops(self, problem: Problem) -> float:
+        """Floating-point operations of one call (the bench's and the cost models' numerator)."""
+        return float(math.prod(problem.out_shape))
 
-    def bytes(self, problem: Any) -> float:
-        from ..kernels import itemsize
-
+    def bytes(self, problem: Problem) -> float:
+        """Bytes read and written once: every operand and the result."""
         n = sum(math.prod(s) for s in problem.shapes) + math.prod(problem.out_shape)
         return float(n * itemsize(problem.out_dtype))
 
+    def trivial_result(self, problem: Problem, result_shape: tuple[int, ...], trivial: str, datas: Sequence[Any],
+                       provider: Any) -> Any:
+        """The result of a problem with nothing to compute (``trivial`` is ``"empty"``: a size-0
+        result, or ``"zeros"``: a sum over nothing), as a new array of the device."""
+        dt = np.dtype(datas[0].dtype) if datas else np.dtype(problem.out_dtype)
+        return (provider.empty if trivial == "empty" else provider.zeros)(result_shape, dt)
+
+    # -- the public function --------------------------------------------------------------------
+    def function(self, stub: Callable[..., Any]) -> Callable[..., Any]:
+        """The public function of this operator, with ``stub``'s signature, types and docstring.
+
+        The stub names the operands (as ``operands``), the attributes and a keyword-only
+        ``device``; its body is never run. The function made here passes the operands present (a
+        trailing optional operand given as None is left out) and the attributes, each with its
+        type (part of the plan-cache key), to :meth:`call`.
+        """
+        sig = inspect.signature(stub)
+        names = list(sig.parameters)
+        if "device" not in names or not set(self.operands) <= set(names):
+            raise TypeError(f"{self.name}: the public stub must take the operands {self.operands} and device=")
+        self.attributes = tuple(n for n in names if n not in self.operands and n != "device")
+        need = self.operands[: self.required if self.required is not None else len(self.operands)]
+        expr = "(" + "".join(f"{n}, " for n in need) + ")"
+        for i in range(len(need), len(self.operands)):  # trailing optional operands, when given
+            upto = self.operands[: i + 1]
+            expr = f"({expr} if {self.operands[i]} is None else ({''.join(f'{n}, ' for n in upto)}))"
+        scalar = {"int", "str", "bool", "float"}
+        attrs = "".join(f"({n!r}, {n}, {n}.__class__), " if str(sig.parameters[n].annotation) in scalar
+                        else f"({n!r}, {n}, _tag({n})), " for n in self.attributes)
+        ns: dict[str, Any] = {"_call": self.call, "_tag": attr_tag}
+        params, star = [], False
+        for p in sig.parameters.values():
+            if p.kind is p.KEYWORD_ONLY and not star:
+                params.append("*")
+                star = True
+            if p.default is p.empty:
+                params.append(p.name)
+            else:
+                ns[f"_default_{p.name}"] = p.default
+                params.append(f"{p.name}=_default_{p.name}")
+        src = f"def {stub.__name__}({', '.join(params)}):\n    return _call({expr}, device, ({attrs}))\n"
+        exec(compile(src, f"<opruntime.ops: {self.name}>", "exec"), ns)  # as dataclasses makes __init__
+        fn = ns[stub.__name__]
+        fn.__doc__, fn.__module__, fn.__qualname__ = stub.__doc__, stub.__module__, stub.__qualname__
+        fn.__annotations__ = dict(stub.__annotations__)
+        fn.operator = self  # type: ignore[attr-defined]
+        return fn
+
+    def attr_key(self, attrs: Mapping[str, Any]) -> tuple:
+        """The attributes as the plan-cache key holds them: (name, value, type) in the public
+        signature's order (as the public function builds them)."""
+        order = {n: i for i, n in enumerate(self.attributes)}
+        items = sorted(attrs.items(), key=lambda kv: order.get(kv[0], len(order)))
+        return tuple((k, v, attr_tag(v)) for k, v in items)
+
     # -- the call path ----------------------------------------------------------------------
     def __call__(self, *inputs: Any, device: Any = None, **attrs: Any) -> Tensor:
-        return self.call(inputs, device, tuple(attrs.items()))
+        return self.call(inputs, device, self.attr_key(attrs))
 
-    def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any], ...]) -> Tensor:
-        """Run the operator on ``inputs`` with attributes ``attrs`` (name, value pairs).
+    def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any, Any], ...]) -> Tensor:
+        """Run the operator on ``inputs`` with attributes ``attrs`` ((name, value, type) triples).
 
         The hot path (no ``device=``, every operand a Tensor or a NumPy array, a plan cached) builds
         the key from each Tensor's kept signature id and calls the plan; anything else places the
@@ -112,7 +245,9 @@ class Operator(abc.ABC):
                     except TypeError:  # an unhashable attribute: the path below says how to go on
                         plan = None
                     if plan is not None:
-                        return plan([a._data] if n == 1 else [a._data, b._data])
+                        t = _new(Tensor)
+                        t._data, t._device, t._key = plan([a._data] if n == 1 else [a._data, b._data]), plan.device, None
+                        return t
             key: list[Any] = [self.name, s, attrs]
             datas = []
             for x in inputs:
@@ -121,7 +256,7 @@ class Operator(abc.ABC):
                     k = x._key
                     key.append(k if k is not None else x._signature())
                     datas.append(x._data)
-                elif cls is np.ndarray:
+                elif cls is np.ndarray and x.dtype.isnative:
                     key.append((None, x.shape, x.dtype, x.strides))  # host data: placed by the plan
                     datas.append(x)
                 else:
@@ -132,25 +267,30 @@ class Operator(abc.ABC):
                 except TypeError:
                     plan = key = None
                 if plan is not None:
-                    return plan(datas)
+                    t = _new(Tensor)
+                    t._data, t._device, t._key = plan(datas), plan.device, None
+                    return t
                 fast_key = key
-        adict = dict(attrs)
+        adict = {k: v for k, v, _ in attrs}
         datas, dev = place(self.name, self.operands, inputs, device, s)
-        key = self.key(s, dev, datas, adict)
+        key = self.key(s, dev, datas, attrs)
         try:
             plan = selector.plans.get(key)
         except TypeError:  # an unhashable attribute (a list): validate and normalise every time
-            return self.plan(datas, dev, adict, s)(datas)
+            return Tensor._wrap(self.plan(datas, dev, adict, s)(datas), dev)
         if plan is None:
-            plan = selector.plans[key] = self.plan(datas, dev, adict, s)
+            plan = self.plan(datas, dev, adict, s)
+            selector.plans[key] = plan
         if fast_key is not None and fast_key != key:  # host operands: remember how they are placed
             selector.plans[fast_key] = plan.placing(tuple(x.__class__ is np.ndarray for x in inputs))
-        return plan(datas)
+        return Tensor._wrap(plan(datas), dev)
 
-    def key(self, s: Any, dev: Device, datas: list[Any], attrs: dict[str, Any]) -> tuple:
+    def key(self, s: Any, dev: Device, datas: list[Any], attrs: tuple | Mapping[str, Any]) -> tuple:
         """The plan-cache key of a call on device arrays (hashing it raises TypeError for
         unhashable attributes); the same key as the hot path builds from Tensors."""
-        key = [self.name, s, tuple(attrs.items())]
+        if isinstance(attrs, Mapping):
+            attrs = self.attr_key(attrs)
+        key = [self.name, s, attrs]
         for d in datas:
             key.append(signature_id(dev.name, d))
         return tuple(key)
@@ -166,22 +306,35 @@ class Operator(abc.ABC):
             if st is not None and tuple(d.shape) != shape:  # the kernel gets d.reshape(shape): its strides
                 st = d.reshape(shape).strides  # (a view keeps a strided operand's steps; a copy is C order)
             strides.append(None if st is None else tuple(x // d.dtype.itemsize for x in st))
-        problem = Problem(self.name, dev.name, norm.shapes, (dtype,) * len(datas), tuple(strides), norm.attrs,
+        problem = Problem(self.name, dev, norm.shapes, (dtype,) * len(datas), tuple(strides), norm.attrs,
                           norm.out_shape, dtype)
         casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
         return problem, norm, casts
 
-    def problem_for(self, device: str, shapes: Sequence[Sequence[int]], dtype: str, **attrs: Any) -> Problem:
+    def problem_for(self, device: Device | str, shapes: Sequence[Sequence[int]], dtype: str, **attrs: Any) -> Problem:
         """The Problem the frontend builds for C-contiguous operands of ``shapes`` in ``dtype`` on
-        ``device`` (a name): for tests, benchmarks and tools that have shapes, not arrays."""
+        ``device``: for tests, benchmarks and tools that have shapes, not arrays."""
         norm = self.normalize([tuple(s) for s in shapes], dict(attrs))
-        return Problem(self.name, device, norm.shapes, (dtype,) * len(shapes), tuple(c_strides(s) for s in norm.shapes),
-                       norm.attrs, norm.out_shape, dtype)
+        return Problem(self.name, Device(device), norm.shapes, (dtype,) * len(shapes),
+                       tuple(c_strides(s) for s in norm.shapes), norm.attrs, norm.out_shape, dtype)
 
     def plan(self, datas: list[Any], dev: Device, attrs: dict[str, Any], s: Any) -> selector.Plan:
         """Validate the call and ask the selector for a plan (the slow path of a call)."""
         problem, norm, casts = self.problem(datas, dev, attrs)
         return selector.make_plan(self, problem, dev, s, norm, casts, tuple(tuple(d.shape) for d in datas))
+
+    def __repr__(self) -> str:
+        return f"<operator {self.name}({', '.join(self.operands + self.attributes)})>"
+
+
+_new = object.__new__
+
+
+def attr_tag(value: Any) -> Any:
+    """The type part of an attribute's key: its class, or its elements' classes for a tuple (so
+    ``1``, ``1.0`` and ``True`` never share a plan, whose validation differs)."""
+    cls = value.__class__
+    return tuple(v.__class__ for v in value) if cls is tuple else cls
 
 
 def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: Any) -> tuple[list[Any], Device]:
@@ -212,7 +365,7 @@ def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: 
                         _mismatch(op, names, inputs)
                     dev = owner
     if wanted is not None:
-        want = wanted if isinstance(wanted, Device) else resolve_device(s, op, wanted)
+        want = resolve_device(s, op, wanted)
         if dev is not None and want.name != dev.name:
             raise DeviceMismatchError(
                 f"{op}: device={str(wanted)!r} was asked but the operands live on {dev.name!r}; "
@@ -225,12 +378,10 @@ def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: 
     for x in inputs:
         if x.__class__ is Tensor:
             out.append(x.data)
-        elif isinstance(x, np.ndarray):
-            out.append(dev.provider.from_host(_checked(op, x)))
-        elif dev.provider.owns(x):
+        elif not isinstance(x, np.ndarray) and dev.provider.owns(x):
             out.append(x)
         else:
-            out.append(dev.provider.from_host(_checked(op, _host(x))))
+            out.append(dev.provider.from_host(_checked(op, host_array(op, x))))
     return out, dev
 
 
@@ -239,13 +390,6 @@ def _checked(op: str, arr: np.ndarray) -> np.ndarray:
     (JAX turns int64 into int32), and the error must name the dtype the caller passed."""
     if arr.dtype.kind != "f":
         result_dtype(op, [arr.dtype])
-    return arr
-
-
-def _host(x: Any) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype.kind in "biu" and not isinstance(x, np.generic):
-        arr = arr.astype(np.float32)  # Python lists / scalars of ints: float32 (documented rule)
     return arr
 
 
@@ -269,8 +413,6 @@ def _mismatch(op: str, names: Sequence[str], inputs: Sequence[Any]) -> None:
 
 def pair(op: str, name: str, value: Any, minimum: int) -> tuple[int, int]:
     """An int or a pair of ints, each at least ``minimum``, as a pair."""
-    from ..errors import AttributeValueError
-
     vals = (value, value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
     try:
         a, b = vals

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttributeValueError, ShapeError
+from ..errors import AttributeValueError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
-from .base import Normalized, Operator, pair
+from ..tensor import Tensor
+from .base import Case, Normalized, Operator, pair
 
 
 def out_size(size: int, k: int, pad: int, stride: int, dilation: int) -> int:
@@ -29,10 +30,76 @@ def out_size(size: int, k: int, pad: int, stride: int, dilation: int) -> int:
     return (size + pad - dilation * (k - 1) - 1) // stride + 1
 
 
+def _cv(x: tuple[int, ...], w: tuple[int, ...], bias: bool = False, views: tuple[str | None, ...] = (),
+        dtype: str = "float32", **attrs: Any) -> Case:
+    return Case((x, w, (w[0],)) if bias else (x, w), attrs, dtype, views)
+
+
+def _layer(n: int, c: int, hw: int, k: int, r: int, stride: int, pad: int, dtype: str = "float32") -> Case:
+    return _cv((n, c, hw, hw), (k, c, r, r), dtype=dtype, stride=stride, padding=pad)
+
+
+#: ResNet layers (N, C, H=W, K, R=S, stride, pad): the GPU bench suite
+RESNET = [(32, 64, 56, 64, 3, 1, 1), (32, 256, 56, 64, 1, 1, 0), (32, 128, 28, 128, 3, 1, 1),
+          (32, 256, 14, 256, 3, 1, 1), (32, 3, 224, 64, 7, 2, 3)]
+
+
+def _torch_conv(torch: Any, x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+                groups: int = 1) -> Any:
+    return torch.nn.functional.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def _jax_conv(jax: Any, x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+              groups: int = 1) -> Any:
+    norm = CONV2D.normalize([x.shape, w.shape] + ([bias.shape] if bias is not None else []),
+                            dict(stride=stride, padding=padding, dilation=dilation, groups=groups))
+    pt, pb, pl, pr = norm.attrs["padding"]
+    out = jax.lax.conv_general_dilated(
+        x.reshape(norm.shapes[0]), w, norm.attrs["stride"], [(pt, pb), (pl, pr)], rhs_dilation=norm.attrs["dilation"],
+        feature_group_count=groups, dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=jax.lax.Precision.HIGHEST)
+    out = out if bias is None else out + bias.reshape(1, -1, 1, 1)
+    return out.reshape(norm.result_shape)
+
+
+def _onnx_conv(stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:
+    if isinstance(padding, str):
+        return None  # "same" / "valid": ONNX's auto_pad differs on odd totals
+    (sh, sw), (ph, pw), (dh, dw) = (pair("conv2d", n, v, 0) for n, v in
+                                    (("stride", stride), ("padding", padding), ("dilation", dilation)))
+    return "Conv", {"strides": [sh, sw], "pads": [ph, pw, ph, pw], "dilations": [dh, dw], "group": groups}
+
+
 class Conv2d(Operator):
     name = "conv2d"
     operands = ("x", "w", "bias")
     required = 2
+    bound = "compute"
+    #: every attribute, alone and together; depthwise, pointwise, grouped, unbatched, bias
+    cases = [
+        _cv((2, 3, 9, 11), (4, 3, 3, 3)),
+        _cv((2, 3, 9, 11), (4, 3, 3, 3), True, stride=2, padding=1),
+        _cv((1, 4, 10, 7), (6, 4, 3, 2), True, stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+        _cv((2, 4, 8, 8), (4, 2, 3, 3), groups=2, padding="same"),
+        _cv((2, 4, 8, 9), (5, 4, 2, 4), True, padding="same", dilation=2),
+        _cv((1, 6, 7, 7), (6, 1, 3, 3), True, groups=6, padding=1),
+        _cv((1, 3, 7, 7), (6, 1, 3, 3), groups=3, stride=2),
+        _cv((2, 8, 5, 6), (4, 8, 1, 1), True),
+        _cv((2, 8, 9, 6), (4, 2, 1, 1), groups=4, stride=2),
+        _cv((3, 5, 5), (2, 3, 3, 3), True, padding="valid"),
+        _cv((1, 1, 1, 1), (1, 1, 1, 1)),
+        _cv((1, 3, 13, 17), (7, 3, 5, 5), True, stride=3, padding=2),
+        _cv((2, 3, 9, 9), (4, 3, 3, 3), views=("T", None), padding=1),
+    ]
+    quick = (2, 5, 12)
+    empty = [_cv((0, 3, 5, 5), (2, 3, 3, 3)), _cv((1, 0, 5, 5), (2, 0, 3, 3), True)]
+    bench = {
+        "cpu": [_layer(8, 64, 56, 64, 3, 1, 1),
+                _cv((8, 64, 56, 56), (64, 1, 3, 3), padding=1, groups=64),
+                _layer(8, 64, 56, 128, 1, 1, 0)],
+        "overhead": [_cv((1, 1, 4, 4), (1, 1, 1, 1))],
+        "gpu": [*(_layer(*layer) for layer in RESNET), *(_layer(*layer, dtype="float16") for layer in RESNET)],
+    }
+    peers = {"torch": _torch_conv, "jax": _jax_conv, "onnx": _onnx_conv}
 
     def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
         sx, sw = shapes[0], shapes[1]
@@ -42,7 +109,7 @@ class Conv2d(Operator):
         padding = attrs.pop("padding", 0)
         groups = attrs.pop("groups", 1)
         if attrs:
-            raise TypeError(f"conv2d() got unexpected keyword argument(s) {', '.join(attrs)}")
+            raise UnknownAttributeError(f"conv2d() got unexpected keyword argument(s) {', '.join(attrs)}; it takes {', '.join(self.attributes)}")
         if len(sx) not in (3, 4):
             raise ShapeError(f"conv2d: x must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {sx}")
         if len(sw) != 4:
@@ -115,12 +182,21 @@ class Conv2d(Operator):
         _, cg, kh, kw = problem.shapes[1]
         return 2.0 * math.prod(problem.out_shape) * cg * kh * kw
 
+    def trivial_result(self, problem: Problem, result_shape: tuple[int, ...], trivial: str, datas: Sequence[Any],
+                       provider: Any) -> Any:
+        """Over zero input channels the result is the bias (a new array), else zeros."""
+        if trivial == "empty" or not problem.attrs["bias"]:
+            return super().trivial_result(problem, result_shape, trivial, datas, provider)
+        bias = provider.to_host(datas[2]).reshape(1, -1, 1, 1)
+        return provider.from_host(np.array(np.broadcast_to(bias, problem.out_shape).reshape(result_shape)))
+
 
 CONV2D = Conv2d()
 
 
+@CONV2D.function
 def conv2d(x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-           groups: int = 1, *, device: Any = None) -> Any:
+           groups: int = 1, *, device: Any = None) -> Tensor:
     """2-D convolution (cross-correlation), NCHW x OIHW, as ``torch.nn.functional.conv2d``.
 
     Args:
@@ -135,5 +211,3 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, 
     Raises:
         ShapeError, AttributeValueError, DtypeError, DeviceMismatchError: see the module doc.
     """
-    attrs = (("stride", stride), ("padding", padding), ("dilation", dilation), ("groups", groups))
-    return CONV2D.call((x, w) if bias is None else (x, w, bias), device, attrs)

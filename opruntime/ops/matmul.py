@@ -15,18 +15,45 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
-from .base import Normalized, Operator
+from ..tensor import Tensor
+from .base import Case, Normalized, Operator
+
+
+def _mm(a: tuple[int, ...], b: tuple[int, ...], views: tuple[str | None, ...] = (), dtype: str = "float32") -> Case:
+    return Case((a, b), {}, dtype, views)
 
 
 class MatMul(Operator):
     name = "matmul"
     operands = ("a", "b")
+    bound = "compute"
+    #: odd sizes, size-1 dims, 1-D operands, broadcast batch dims, primes past any tile size, and
+    #: non-contiguous operands
+    cases = [
+        _mm((7, 13), (13, 5)), _mm((1, 1), (1, 1)), _mm((13,), (13, 4)), _mm((5, 13), (13,)), _mm((13,), (13,)),
+        _mm((3, 7, 13), (13, 5)), _mm((2, 1, 7, 13), (1, 3, 13, 5)), _mm((67, 131), (131, 61)),
+        _mm((37, 21), (21, 19), ("T", None)), _mm((37, 21), (21, 19), ("slice", "T")),
+    ]
+    quick = (0, 6, 9)
+    empty = [_mm((0, 5), (5, 3)), _mm((4, 0), (0, 3)), _mm((2, 0, 3), (3, 4))]
+    bench = {
+        "cpu": [_mm((1024, 1024), (1024, 1024)), _mm((256, 256), (256, 256)), _mm((32, 128, 128), (32, 128, 128))],
+        "overhead": [_mm((4, 4), (4, 4))],
+        "gpu": [*(_mm((n, n), (n, n)) for n in (1024, 2048, 4096)),
+                *(_mm((4096, 4096), (4096, 4096), dtype=dt) for dt in ("float16", "bfloat16"))],
+    }
+    peers = {
+        "numpy": lambda np, a, b: np.matmul(a, b),
+        "torch": lambda torch, a, b: torch.matmul(a, b),
+        "jax": lambda jax, a, b: jax.numpy.matmul(a, b, precision=jax.lax.Precision.HIGHEST),
+        "onnx": lambda: ("MatMul", {}),
+    }
 
     def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
         if attrs:
-            raise TypeError(f"matmul() got unexpected keyword argument(s) {', '.join(attrs)}")
+            raise UnknownAttributeError(f"matmul() got unexpected keyword argument(s) {', '.join(attrs)}; it takes {', '.join(self.attributes)}")
         sa, sb = shapes
         if not sa or not sb:
             raise ShapeError(f"matmul: operands must be at least 1-D (a {sa}, b {sb}); use multiplication for scalars")
@@ -57,7 +84,8 @@ class MatMul(Operator):
 MATMUL = MatMul()
 
 
-def matmul(a: Any, b: Any, *, device: Any = None) -> Any:
+@MATMUL.function
+def matmul(a: Any, b: Any, *, device: Any = None) -> Tensor:
     """Matrix product with NumPy's ``matmul`` semantics (1-D rules, batched, broadcast batch dims).
 
     Args:
@@ -74,4 +102,3 @@ def matmul(a: Any, b: Any, *, device: Any = None) -> Any:
         DtypeError: integer or bool arrays, or a dtype no kernel on the device computes.
         DeviceMismatchError: operands on two devices.
     """
-    return MATMUL.call((a, b), device, ())
