@@ -69,6 +69,7 @@ class Registry:
         self.kernels: dict[str, Kernel] = {}
         self._by_op: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
         self._device_cache: dict[str, Device] = {}
+        self._solo: dict[int, tuple[Any, pluggy.PluginManager]] = {}
         found = list(_entry_point_plugins()) if entry_points else []
         for name, target in [*found, *plugins]:
             if name in blocked or (allowed and name not in allowed):
@@ -101,9 +102,15 @@ class Registry:
         self._collect(rec, plugin)
 
     def _call(self, hook: str, plugin: Any) -> list[Any]:
-        """The results of ``hook`` from ``plugin`` alone, called through pluggy."""
-        others = [p for p in self.pm.get_plugins() if p is not plugin]
-        results = self.pm.subset_hook_caller(hook, remove_plugins=others)()
+        """The results of ``hook`` from ``plugin`` alone, called through pluggy (a plugin manager
+        of its own: pluggy's subset callers need hashable plugins, and plugin objects may not be)."""
+        solo = self._solo.get(id(plugin))
+        if solo is None or solo[0] is not plugin:
+            pm = pluggy.PluginManager(hookspecs.PROJECT)
+            pm.add_hookspecs(hookspecs)
+            pm.register(plugin)
+            solo = self._solo[id(plugin)] = (plugin, pm)
+        results = getattr(solo[1].hook, hook)()
         return [x for result in results for x in (result or ())]
 
     def _collect(self, rec: PluginRecord, plugin: Any) -> None:

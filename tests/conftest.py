@@ -43,7 +43,7 @@ def _is_opencl_gpu(name: str) -> bool:
     if not name.startswith("opencl"):
         return False
     provider = registry().device(name).provider
-    return bool(getattr(provider, "is_gpu", False)) or "opencl:gpu" in provider.aliases
+    return provider.accelerator or "opencl:gpu" in provider.aliases
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def fake():
 @pytest.fixture(autouse=True)
 def _clean_config(monkeypatch, tmp_path):
     """Each test starts from defaults: no config file, no OPRUNTIME_* variables, no configure()."""
-    from opruntime import config, selector
+    from opruntime import config, plugins, selector
 
     for var in list(config.ENV) + ["OPRUNTIME_CONFIG"]:
         monkeypatch.delenv(var, raising=False)
@@ -90,7 +90,7 @@ def _clean_config(monkeypatch, tmp_path):
     config.reload()
     selector.clear_cache()
     selector._announced.clear()
-    config._announced.clear()
+    plugins._announced.clear()
     yield
     config._code.clear()
     config.reload()

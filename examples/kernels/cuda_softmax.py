@@ -11,20 +11,18 @@ import math
 from pathlib import Path
 from typing import Any
 
-import opruntime as opr
 from opruntime import Kernel, Problem, hookimpl
 from opruntime.errors import KernelCompileError
 
-NAME = "example.softmax.cuda_rows"
+NAME = "cuda_softmax.softmax.rows"  # <plugin name>.<op>.<variant>: run.py registers this module as "cuda_softmax"
 SOURCE = Path(__file__).with_name("softmax_rows.cu").read_text()
-_functions: dict[tuple[int, int], Any] = {}  # (device, BLOCK) -> cupy.RawKernel
 
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
     return [
-        #      op         name  kind    dtypes        run
-        Kernel("softmax", NAME, "cuda", {"float32"}, run, supports=supports, cost=cost,
+        #      op         name  kind    dtypes
+        Kernel("softmax", NAME, "cuda", {"float32"}, prepare=prepare, supports=supports, cost=cost,
                configs=({"BLOCK": 256}, {"BLOCK": 128}, {"BLOCK": 512}, {"BLOCK": 1024}), source=SOURCE),
     ]
 
@@ -34,33 +32,31 @@ def supports(problem: Problem) -> bool:
 
 
 def cost(problem: Problem, config: Any) -> float:
-    bandwidth = opr.Device(problem.device).provider.figures()[2]  # the CuPy backend's device figures
+    bandwidth = problem.device.provider.figures()[2]  # the CuPy backend's device figures
     return 2 * math.prod(problem.out_shape) * 4 / (0.7 * bandwidth) + 3e-6  # one read + one write (L2 hits)
 
 
-def _function(device: int, block: int) -> Any:
+def prepare(problem: Problem, config: Any) -> Any:
+    """Compile for the problem's device and bind the launch; the runtime keeps what this returns
+    (one bounded cache for every kernel), so nothing is cached here."""
     import cupy
 
-    key = (device, block)
-    if key not in _functions:
-        with cupy.cuda.Device(device):
-            major, minor = cupy.cuda.Device(device).compute_capability
-            code = f"#define BLOCK {block}\n#line 1 \"softmax_rows.cu\"\n{SOURCE}"
-            try:
-                mod = cupy.RawModule(code=code, options=("--std=c++17", f"-arch=sm_{major}{minor}"))
-                _functions[key] = mod.get_function("softmax_rows")  # compiles here
-            except cupy.cuda.compiler.CompileException as exc:
-                raise KernelCompileError(NAME, f"cuda:{device}", str(exc)) from None
-    return _functions[key]
-
-
-def run(problem: Problem, config: Any, x: Any) -> Any:
-    import cupy
-
-    device = int(problem.device.split(":")[1])
+    device, block = problem.device.provider.index, config["BLOCK"]
     cols = problem.shapes[0][-1]
     rows = math.prod(problem.shapes[0]) // cols
-    with cupy.cuda.Device(device):  # launches go to the current stream, which the device's timer records
-        y = cupy.empty(problem.out_shape, cupy.float32)
-        _function(device, config["BLOCK"])((rows,), (config["BLOCK"],), (x, y, cupy.int32(cols)))
-    return y
+    with cupy.cuda.Device(device):
+        major, minor = cupy.cuda.Device(device).compute_capability
+        code = f"#define BLOCK {block}\n#line 1 \"softmax_rows.cu\"\n{SOURCE}"
+        try:
+            fn = cupy.RawModule(code=code, options=("--std=c++17", f"-arch=sm_{major}{minor}")).get_function(
+                "softmax_rows")  # compiles here
+        except cupy.cuda.compiler.CompileException as exc:  # the selector then runs the next candidate
+            raise KernelCompileError(NAME, problem.device.name, str(exc)) from None
+
+    def launch(x: Any) -> Any:
+        with cupy.cuda.Device(device):  # launches go to the current stream, which the device's timer records
+            y = cupy.empty(problem.out_shape, cupy.float32)
+            fn((rows,), (block,), (x, y, cupy.int32(cols)))
+        return y
+
+    return launch

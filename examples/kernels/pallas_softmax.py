@@ -8,21 +8,20 @@ tile) with -inf, which adds nothing to the sums.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 from opruntime import Kernel, Problem, hookimpl
 
-NAME = "example.softmax.pallas_rows"
+NAME = "pallas_softmax.softmax.rows"  # <plugin name>.<op>.<variant>
 MAX_COLUMNS = 16384  # a block holds whole rows in registers / VMEM
 
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
     return [
-        #      op         name  kind   dtypes        run
-        Kernel("softmax", NAME, "jax", {"float32"}, run, supports=supports, cost=cost,
+        #      op         name  kind   dtypes
+        Kernel("softmax", NAME, "jax", {"float32"}, prepare=prepare, supports=supports, cost=cost,
                configs=({"block_rows": 8}, {"block_rows": 16}, {"block_rows": 32})),
     ]
 
@@ -49,13 +48,15 @@ def _body(x_ref: Any, o_ref: Any) -> None:
     o_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
 
 
-@functools.cache
-def _compiled(shape: tuple[int, ...], block_rows: int, platform: str) -> Any:
-    """One jitted function per (shape, config, platform): JAX traces and compiles it on first use."""
+def prepare(problem: Problem, config: Any) -> Any:
+    """One jitted function per problem and config (JAX traces and compiles it on the first call);
+    the runtime keeps it in its one bounded launch cache, so nothing is cached here."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
+    shape, block_rows = problem.shapes[0], config["block_rows"]
+    platform = problem.device.provider.platform  # "gpu" for jax:gpu:0
     cols = shape[-1]
     rows, padded = math.prod(shape) // cols, max(128, 1 << (cols - 1).bit_length())
     rp = -(-rows // block_rows) * block_rows
@@ -73,8 +74,3 @@ def _compiled(shape: tuple[int, ...], block_rows: int, platform: str) -> Any:
         return call(x)[:rows, :cols].reshape(shape)
 
     return jax.jit(softmax)
-
-
-def run(problem: Problem, config: Any, x: Any) -> Any:
-    platform = problem.device.split(":")[1]  # "jax:gpu:0" -> "gpu"
-    return _compiled(problem.shapes[0], config["block_rows"], platform)(x)

@@ -50,21 +50,11 @@ def check_hooks(name: str, reg: Registry | None = None) -> list[Finding]:
         if not rec.device_kinds:
             fail("BackendUnavailable carries no kinds=[...]: users get 'unknown device' instead of the reason")
     plugin = reg.pm.get_plugin(name)
-    specs = [h for h in dir(hookspecs) if h.startswith("opruntime_")]
-    implemented = set()
-    for caller in reg.pm.get_hookcallers(plugin) or []:
-        for impl in caller.get_hookimpls():
-            if impl.plugin is not plugin:
-                continue
-            implemented.add(caller.name)
-            extra = set(impl.argnames) - set(caller.spec.argnames if caller.spec else ())
-            if extra:
-                fail(f"{caller.name} takes {sorted(extra)}, which the hookspec does not provide")
-    for h in specs:
-        if h not in implemented and callable(getattr(plugin, h, None)):
-            fail(f"{h} is not marked @opruntime.hookimpl: pluggy never calls it")
+    for problem in hookspecs.contract_errors(plugin):  # the rule the registry refuses plugins by
+        fail(problem)
+    implemented = {caller.name for caller in reg.pm.get_hookcallers(plugin) or []}
     if not implemented:
-        fail(f"implements none of the hooks {', '.join(specs)}")
+        fail(f"implements none of the hooks {', '.join(hookspecs.HOOKS)}")
     for dev_name in rec.devices:
         out += _check_provider(reg.device(dev_name).provider, name)
     if "opruntime_kernels" in implemented:
@@ -109,7 +99,7 @@ def _check_provider(p: DeviceProvider, plugin: str) -> list[Finding]:
 def _check_kernel_records(plugin: Any, name: str, reg: Registry) -> list[Finding]:
     out: list[Finding] = []
     try:
-        records = list(plugin.opruntime_kernels() or ())
+        records = reg._call("opruntime_kernels", plugin)
     except Exception as exc:
         return [Finding("hooks", f"plugin {name!r}", f"opruntime_kernels raised {_exc(exc)}")]
     known_kinds = {d.kind for d in reg.devices} | set(reg.unavailable)
@@ -130,15 +120,15 @@ def _check_kernel_records(plugin: Any, name: str, reg: Registry) -> list[Finding
             fail(f"op {k.op!r} is not an operator; operators: {', '.join(OPS)}")
         m = NAME.match(k.name)
         if not m or m["op"] != k.op:
-            fail(f"name must read '<backend>.{k.op}.<variant>'")
+            fail(f"name must read '{name}.{k.op}.<variant>'")
         elif not k.name.startswith(name + "."):
-            fail(f"name does not start with the plugin name {name!r}", failed=False)
+            fail(f"name is outside the plugin's namespace {name + '.'!r}: the registry refuses the plugin")
         if not k.dtypes or not set(k.dtypes) <= set(FLOAT_ORDER):
             fail(f"dtypes {sorted(k.dtypes)} must be a non-empty subset of {', '.join(FLOAT_ORDER)}")
         if not isinstance(k.dtypes, frozenset):
             fail(f"dtypes must be a frozenset of names, got {type(k.dtypes).__name__}")
-        if not callable(k.run) or not callable(k.supports):
-            fail("run and supports must be callables")
+        if not (callable(k.run) or callable(k.prepare)) or not callable(k.supports):
+            fail("run or prepare, and supports, must be callables")
         if k.cost is None:
             fail("has no cost(): it ranks after every kernel that has one", failed=False)
         elif not callable(k.cost):
@@ -182,12 +172,7 @@ def check_lazy_import(module: str, stacks: Sequence[str] = STACKS) -> list[Findi
 def plugin_kernels(name: str, reg: Registry | None = None) -> list[Kernel]:
     """The registered kernels that plugin ``name`` supplies."""
     reg = reg or registry()
-    plugin = reg.pm.get_plugin(name)
-    impl = getattr(plugin, "opruntime_kernels", None) if plugin is not None else None
-    if impl is None:
-        return []
-    names = [k.name for k in impl() or ()]
-    return [reg.kernels[n] for n in names if n in reg.kernels]
+    return [k for k in reg.kernels.values() if k.plugin == name]
 
 
 def device_plugin(device: Device, reg: Registry | None = None) -> str | None:

@@ -76,22 +76,17 @@ def _run_case(kernel: Kernel, device: Device, case: Case, dtype: str, configs: s
         except Exception as exc:
             out.append(Finding("kernel", label, f"cost() raised {_exc(exc)}"))
         views = kernel_views(plan, built.operands)
-        try:
-            res = kernel.run(problem, cfg, *views)
-            prov.synchronize()
-        except Exception as exc:
-            out.append(Finding("kernel", label, f"supports() accepted it but run raised {_exc(exc)}"))
-            continue
-        out += _check_result("run", res, label, views, plan, built, dtype, prov)
-        if kernel.prepare is None:
-            continue
-        try:  # what a plan calls after the first run: it must give the same answer
-            res = kernel.prepare(problem, cfg)(*views)
-            prov.synchronize()
-        except Exception as exc:
-            out.append(Finding("kernel", label, f"run worked but prepare(problem, config)(*arrays) raised {_exc(exc)}"))
-            continue
-        out += _check_result("prepare(problem, config)(*arrays)", res, label, views, plan, built, dtype, prov)
+        paths = [("run", kernel.run)] if kernel.run is not None else []
+        if kernel.prepare is not None:  # what a plan calls: it must give the same answer as run
+            paths.append(("prepare(problem, config)(*arrays)", lambda p, c, *a: kernel.prepare(p, c)(*a)))
+        for what, call in paths:
+            try:
+                res = call(problem, cfg, *views)
+                prov.synchronize()
+            except Exception as exc:
+                out.append(Finding("kernel", label, f"supports() accepted it but {what} raised {_exc(exc)}"))
+                continue
+            out += _check_result(what, res, label, views, plan, built, dtype, prov)
     return out
 
 
@@ -100,8 +95,9 @@ def _check_result(what: str, res: object, label: str, views: Sequence[object], p
     """A kernel's result: a new native array of the problem's shape and dtype, within the dtype's
     tolerance of the float64 reference, the operands untouched."""
     problem, out = plan.problem, []
-    if any(res is v for v in views):
-        out.append(Finding("kernel", label, f"{what} returned one of its operands; it must return a new array"))
+    if any(res is v or prov.shares_memory(res, v) for v in views):
+        out.append(Finding("kernel", label, f"{what} returned an array sharing memory with an operand; it must "
+                           "return a new array"))
     if not prov.owns(res):
         out.append(Finding("kernel", label, f"{what} returned {type(res).__name__}, not a native array of this device"))
     if tuple(res.shape) != problem.out_shape or np.dtype(res.dtype) != np_dtype(problem.out_dtype):

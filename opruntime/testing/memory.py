@@ -76,6 +76,7 @@ def check_memory(device: Device, dtypes: Sequence[str] | None = None, rng: np.ra
         out += _check_views_and_casts(device, dtype, dtypes, rng)
         out += _check_random(device, dtype)
     out += _check_dlpack_and_timer(device, rng)
+    out += _check_extension_points(device, rng)
     t = Tensor._wrap(prov.from_host(np.arange(6, dtype=np.float32).reshape(2, 3)), device)
     if not np.array_equal(np.asarray(t), np.arange(6).reshape(2, 3)):
         fail("Tensor", "np.asarray(Tensor) does not give the values back")
@@ -103,6 +104,35 @@ def _check_views_and_casts(device: Device, dtype: str, dtypes: Sequence[str], rn
                                    "differs from numpy's conversion (round to nearest even)"))
         except Exception as exc:
             out.append(Finding("memory", f"{device.name} astype {dtype}->{target}", f"raised {_exc(exc)}"))
+    return out
+
+
+def _check_extension_points(device: Device, rng: np.random.Generator) -> list[Finding]:
+    """``copy`` gives a new array, ``shares_memory`` sees an array overlap itself and not a copy,
+    ``free_memory`` is bytes or None (the frontend refuses results larger than it)."""
+    prov, out = device.provider, []
+
+    def fail(what: str, msg: str) -> None:
+        out.append(Finding("memory", f"{device.name} {what}", msg))
+
+    host = random_array(rng, (5, 7), "float32")
+    try:
+        data = prov.from_host(host)
+        other = prov.copy(data)
+        if not same_bits(np.asarray(prov.to_host(other)), host) or other is data:
+            fail("copy", "must return a new array with the same values")
+        if not prov.shares_memory(data, data):
+            fail("shares_memory", "an array must share memory with itself (results are checked with it)")
+        if prov.shares_memory(data, other):
+            fail("shares_memory", "an array and its copy must not share memory")
+    except Exception as exc:
+        fail("copy / shares_memory", f"raised {_exc(exc)}")
+    try:
+        free = prov.free_memory()
+        if free is not None and (not isinstance(free, int) or free < 0):
+            fail("free_memory", f"must return bytes (an int >= 0) or None, got {free!r}")
+    except Exception as exc:
+        fail("free_memory", f"raised {_exc(exc)}")
     return out
 
 

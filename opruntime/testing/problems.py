@@ -1,6 +1,7 @@
-"""The problems the conformance suite gives every kernel: a table per operator, and the code that
-puts one on a device (with the non-contiguous views it asks for) and builds the exact
-:class:`~opruntime.kernels.Problem` the frontend would build, through the operator's own ``plan``.
+"""The problems the conformance suite gives every kernel, read from each operator's own tables
+(``Operator.cases``, ``quick``, ``empty``), and the code that puts one on a device (with the
+non-contiguous views it asks for) and builds the exact :class:`~opruntime.kernels.Problem` the
+frontend would build, through the operator's own ``plan``.
 
 A case lists the operands as a user passes them (1-D matmul operands, 3-D conv input and a bias
 included), so the frontend's normalisation is exercised too.
@@ -8,105 +9,22 @@ included), so the frontend's normalisation is exercised too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..devices import Device
-from ..ops import OPS
+from ..ops import OPS, Case
 from .numerics import random_array
 
-
-@dataclass(frozen=True)
-class Case:
-    """One generated problem.
-
-    Attributes:
-        op: the operator.
-        shapes: the operands' shapes as the user passes them.
-        attrs: the operator's keyword attributes.
-        views: per operand, ``None`` (contiguous), ``"T"`` (the last two dims swapped on the device) or
-            ``"slice"`` (every other element of the last dim, a strided device view).
-        scale: the operands' standard deviation (softmax wants a spread of values).
-    """
-
-    op: str
-    shapes: tuple[tuple[int, ...], ...]
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-    views: tuple[str | None, ...] = ()
-    scale: float = 1.0
-
-    @property
-    def id(self) -> str:
-        ops = "x".join("(" + ",".join(map(str, s)) + ")" for s in self.shapes)
-        views = "".join(f"-{i}{v}" for i, v in enumerate(self.views) if v)
-        attrs = "".join(f"-{k}={v}" for k, v in self.attrs.items()).replace(" ", "")
-        return f"{ops}{attrs}{views}"
-
-
-def _mm(a: tuple[int, ...], b: tuple[int, ...], views: tuple[str | None, ...] = ()) -> Case:
-    return Case("matmul", (a, b), {}, views)
-
-
-def _sm(op: str, shape: tuple[int, ...], axis: int, views: tuple[str | None, ...] = ()) -> Case:
-    return Case(op, (shape,), {"axis": axis}, views, scale=4.0)
-
-
-def _cv(x: tuple[int, ...], w: tuple[int, ...], bias: bool = False, views: tuple[str | None, ...] = (),
-        **attrs: Any) -> Case:
-    shapes = (x, w, (w[0],)) if bias else (x, w)
-    return Case("conv2d", shapes, attrs, views)
-
-
-#: Odd sizes, size-1 dims, 1-D operands, broadcast batch dims, primes past any tile size, and
-#: non-contiguous operands.
-MATMUL = [
-    _mm((7, 13), (13, 5)), _mm((1, 1), (1, 1)), _mm((13,), (13, 4)), _mm((5, 13), (13,)), _mm((13,), (13,)),
-    _mm((3, 7, 13), (13, 5)), _mm((2, 1, 7, 13), (1, 3, 13, 5)), _mm((67, 131), (131, 61)),
-    _mm((37, 21), (21, 19), ("T", None)), _mm((37, 21), (21, 19), ("slice", "T")),
-]
-SOFTMAX_SHAPES = [((1,), -1), ((5,), 0), ((3, 7), -1), ((3, 7), 0), ((4, 1), 1), ((2, 3, 5), 1), ((33, 1025), -1),
-                  ((1, 3000), 1), ((6, 4, 3, 2), 0)]
-SOFTMAX_VIEWS = [((24, 40), 1, ("T",)), ((24, 40), 0, ("slice",))]
-#: Every conv2d attribute, alone and together; depthwise, pointwise, grouped, unbatched, bias.
-CONV2D = [
-    _cv((2, 3, 9, 11), (4, 3, 3, 3)),
-    _cv((2, 3, 9, 11), (4, 3, 3, 3), True, stride=2, padding=1),
-    _cv((1, 4, 10, 7), (6, 4, 3, 2), True, stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
-    _cv((2, 4, 8, 8), (4, 2, 3, 3), groups=2, padding="same"),
-    _cv((2, 4, 8, 9), (5, 4, 2, 4), True, padding="same", dilation=2),
-    _cv((1, 6, 7, 7), (6, 1, 3, 3), True, groups=6, padding=1),
-    _cv((1, 3, 7, 7), (6, 1, 3, 3), groups=3, stride=2),
-    _cv((2, 8, 5, 6), (4, 8, 1, 1), True),
-    _cv((2, 8, 9, 6), (4, 2, 1, 1), groups=4, stride=2),
-    _cv((3, 5, 5), (2, 3, 3, 3), True, padding="valid"),
-    _cv((1, 1, 1, 1), (1, 1, 1, 1)),
-    _cv((1, 3, 13, 17), (7, 3, 5, 5), True, stride=3, padding=2),
-    _cv((2, 3, 9, 9), (4, 3, 3, 3), views=("T", None), padding=1),
-]
-CASES: dict[str, list[Case]] = {
-    "matmul": MATMUL,
-    "conv2d": CONV2D,
-    **{op: [_sm(op, s, a) for s, a in SOFTMAX_SHAPES] + [_sm(op, s, a, v) for s, a, v in SOFTMAX_VIEWS]
-       for op in ("softmax", "log_softmax")},
-}
-#: A few cases per operator that still cover 1-D / broadcast operands and strided views, for
-#: quick runs (``--opruntime-cases quick``; the project's CI on slow-compiling devices).
-QUICK_CASES: dict[str, list[Case]] = {
-    "matmul": [MATMUL[0], MATMUL[6], MATMUL[9]],
-    "conv2d": [CONV2D[2], CONV2D[5], CONV2D[12]],
-    **{op: [CASES[op][i] for i in (2, 5, 10)] for op in ("softmax", "log_softmax")},
-}
-#: Size-0 and empty-reduction problems: the frontend answers these itself (kernels never see
-#: them) with the device's ``empty`` / ``zeros`` / ``from_host``.
-EMPTY: dict[str, list[Case]] = {
-    "matmul": [_mm((0, 5), (5, 3)), _mm((4, 0), (0, 3)), _mm((2, 0, 3), (3, 4))],
-    "conv2d": [_cv((0, 3, 5, 5), (2, 3, 3, 3)), _cv((1, 0, 5, 5), (2, 0, 3, 3), True)],
-    "softmax": [_sm("softmax", (0, 4), 1), _sm("softmax", (3, 0), 1)],
-    "log_softmax": [_sm("log_softmax", (0, 4), 0)],
-}
+#: operator -> its conformance problems (each operator's own ``cases``)
+CASES: dict[str, list[Case]] = {name: list(op.cases) for name, op in OPS.items()}
+#: a few cases per operator (each operator's ``quick`` picks), for quick runs (``--opruntime-cases quick``)
+QUICK_CASES: dict[str, list[Case]] = {name: [op.cases[i] for i in op.quick] for name, op in OPS.items()}
+#: size-0 and empty-reduction problems: the frontend answers these itself (kernels never see them)
+EMPTY: dict[str, list[Case]] = {name: list(op.empty) for name, op in OPS.items()}
 
 
 class Unsupported(Exception):

@@ -94,7 +94,7 @@ def test_threaded_cpu_softmax(rng: np.random.Generator, shape, config: int) -> N
     x = (3 * rng.standard_normal(shape)).astype(np.float32)
     plan = OPS["softmax"].plan([x], opr.Device("cpu"), {"axis": -1}, __import__("opruntime.config").config.settings())
     assert kernel.supports(plan.problem)
-    out = kernel.run(plan.problem, {"block_bytes": config}, x)
+    out = kernel(plan.problem, {"block_bytes": config}, x)
     assert rel_err(out, OPS["softmax"].reference(x)) < 1e-5
 
 
