@@ -6,11 +6,15 @@ use Hopper-only instructions), without a GPU and without CuPy.
     python scripts/compile_cu.py -v         # also print each variant's registers / spills
     python scripts/compile_cu.py FILE.cu    # some files only
 
-A module beside a ``.cu`` file may define ``build_variants() -> [(filename, defines), ...]``
-(``opruntime_cupy.matmul`` does): each listed variant is compiled with its ``-D`` defines, so
-every config the Python registers is checked. A file no module lists is compiled once with no
-defines (its own ``#ifndef`` defaults). Uses ``nvcc -cubin`` when nvcc is on PATH, else NVRTC
-through ctypes (libnvrtc); with neither it says so and exits 0 (there is nothing to check with).
+Which variants to compile comes from the plugins themselves: every ``backends/opruntime_*``
+package is registered with a pluggy ``PluginManager`` under ``opruntime.hookspecs`` and its
+``opruntime_build_variants()`` hook is called (``opruntime_cupy`` lists every config its kernels
+register). Each listed ``(path, defines)`` is compiled with its ``-D`` defines; a relative path is
+relative to the plugin's package folder. A file no plugin lists is compiled once with no
+defines (its own ``#ifndef`` defaults), as are the examples' sources. Uses ``nvcc -cubin`` when
+nvcc is on PATH, else NVRTC through ctypes (libnvrtc); with neither it says so and exits 0
+(there is nothing to compile with). The hooks are called first either way, so a plugin that
+fails to import or whose hook raises or names a missing ``.cu`` file fails the check.
 Exits non-zero on any compile error; one summary line per file.
 """
 
@@ -33,28 +37,47 @@ ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("90", "80")
 
 
-def variants_by_file(files: list[Path]) -> dict[Path, list[dict]]:
-    """Every file's variants: from its package's ``build_variants()`` functions, else [{}]."""
+def variants_by_file(files: list[Path]) -> tuple[dict[Path, list[dict]], bool]:
+    """Every file's variants from the plugins' ``opruntime_build_variants`` hooks (``[{}]`` for a
+    file none lists), and whether gathering them failed (each failure printed)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "backends")]
+    import pluggy
+
+    from opruntime import hookspecs
+
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
     out: dict[Path, list[dict]] = {f: [] for f in files}
-    for pkg_dir in sorted({f.parent for f in files}):
-        for py in sorted(pkg_dir.glob("*.py")):
-            if py.name == "__init__.py":
-                continue
-            modname = f"{pkg_dir.name}.{py.stem}"
-            try:
-                src = py.read_text()
-                if "def build_variants" not in src:
-                    continue
-                mod = importlib.import_module(modname)
-                for name, defines in mod.build_variants():
-                    path = pkg_dir / name
-                    if path in out:
-                        out[path].append(dict(defines))
-            except Exception as exc:  # a broken module is an error CI must see
-                print(f"FAIL {py.relative_to(ROOT)}: build_variants() failed: {type(exc).__name__}: {exc}")
-                out.setdefault(py, []).append({"__error__": str(exc)})
-    return {f: (v or [{}]) for f, v in out.items()}
+    failed = False
+    plugins = []
+    for init in sorted((ROOT / "backends").glob("opruntime_*/__init__.py")):
+        name = init.parent.name
+        try:  # importing a backend never needs its device stack (the hookspecs' rule)
+            module = importlib.import_module(name)
+            pm.register(module, name=name)
+            plugins.append(module)
+        except Exception as exc:  # a broken plugin is an error CI must see
+            print(f"FAIL {init.parent.relative_to(ROOT)}: cannot register: {type(exc).__name__}: {exc}")
+            failed = True
+    for plugin in plugins:
+        # one plugin at a time: a relative path is relative to the folder of the plugin that gave it
+        others = [p for p in plugins if p is not plugin]
+        caller = pm.subset_hook_caller("opruntime_build_variants", remove_plugins=others)
+        folder = Path(plugin.__file__).resolve().parent
+        try:
+            pairs = [pair for result in caller() for pair in result]
+        except Exception as exc:
+            print(f"FAIL {plugin.__name__}: opruntime_build_variants() raised {type(exc).__name__}: {exc}")
+            failed = True
+            continue
+        for given, defines in pairs:
+            path = (folder / given).resolve()  # an absolute path stays itself
+            if path.suffix == ".cu" and not path.is_file():
+                print(f"FAIL {plugin.__name__}: opruntime_build_variants() names {given}, which does not exist")
+                failed = True
+            elif path in out:
+                out[path].append(dict(defines))
+    return {f: (v or [{}]) for f, v in out.items()}, failed
 
 
 def _flag(name: str, value: object) -> str:
@@ -129,19 +152,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     files = [f.resolve() for f in args.files] or sorted((ROOT / "backends").rglob("*.cu")) + sorted((ROOT / "examples").rglob("*.cu"))
+    variants, failed = variants_by_file(files)
     if shutil.which("nvcc"):
         compiler, tool = nvcc, "nvcc"
     else:
         try:
             compiler, tool = Nvrtc(), "nvrtc"
         except OSError:
-            print(f"compile_cu: neither nvcc nor libnvrtc found; {len(files)} .cu file(s) not checked")
-            return 0
-    variants = variants_by_file(files)
-    jobs = [(f, arch, d) for f in files for d in variants[f] for arch in archs_of(f) if "__error__" not in d]
+            count = sum(len(v) for v in variants.values())
+            print(f"compile_cu: neither nvcc nor libnvrtc found; {len(files)} .cu file(s), {count} variant(s) "
+                  f"not compiled")
+            return 1 if failed else 0
+    jobs = [(f, arch, d) for f in files for d in variants[f] for arch in archs_of(f)]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         results = list(pool.map(lambda j: (j, compiler(*j)), jobs))
-    failed = any("__error__" in d for v in variants.values() for d in v)
     for f in files:
         mine = [(j, r) for j, r in results if j[0] == f]
         bad = [(j, r) for j, r in mine if not r[0]]

@@ -4,9 +4,18 @@ libraries (cuBLAS through ``cupy.matmul``) as candidates beside them.
 
 CuPy is imported inside the hooks and kernels, never at import time: without CuPy or a GPU the
 backend reports ``cuda`` unavailable with the reason, and its kernels stay registered but unused.
+
+    memory.py                       CudaDevice (the DeviceProvider): memory, DLPack, timing, figures
+    compile.py                      NVRTC builds, the bounded module cache, FastLaunch
+    matmul.py, matmul_launch.py     cuBLAS, SIMT, mma and wgmma GEMMs: the table / the launch plans
+    conv.py, conv_launch.py         implicit GEMM, Winograd, depthwise, im2col + cuBLAS: the same split
+    softmax.py                      softmax and log_softmax: row families and any-axis strided
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from opruntime import Kernel, hookimpl
 
@@ -22,3 +31,10 @@ def opruntime_devices() -> list[CudaDevice]:
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
     return [*matmul.kernels(), *conv.kernels(), *softmax.kernels()]
+
+
+@hookimpl
+def opruntime_build_variants() -> list[tuple[str, Mapping[str, Any]]]:
+    """Every variant CI compiles, as ``(file of this package, defines)``: each family's configs
+    and layout flags (``build_variants()`` of matmul, conv and softmax)."""
+    return [*matmul.build_variants(), *conv.build_variants(), *softmax.build_variants()]

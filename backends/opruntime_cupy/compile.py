@@ -1,16 +1,17 @@
 """Building the backend's CUDA C: load a ``.cu`` file of this package, inject ``#define``s,
 compile it with NVRTC for the device's own architecture and cache the result.
 
-    mod = compile.load("softmax.cu", {"BLOCK": 256, "LOG": 1}, device=0)
+    mod = compile.load("softmax.cu", {"BLOCK": 256, "LOG": 1}, device=problem.device.provider.index)
     fn = compile.get_function("matmul_sgemm.cu", "sgemm", defines, device=0)
     fn((gx, gy, gz), (threads,), (a, b, c, m, n, k), shared_mem=smem)
 
 Sources are read with ``importlib.resources``; a line ``#include "name.cuh"`` naming a file of
 this package is inlined (so NVRTC needs no include path). NVRTC runs with ``--std=c++17`` and
 ``-arch=sm_XX`` (the device's compute capability, so the result is a cubin with the chip's own
-instructions, not PTX for the driver to finish). Modules are cached in memory per (source hash,
-defines, options, device) and their cubins on disk under ``$OPRUNTIME_CACHE_DIR/cuda`` (default
-``~/.cache/opruntime/cuda``), so a new process skips NVRTC. A failed build raises
+instructions, not PTX for the driver to finish). Modules are kept in memory per (file, defines,
+device, target, options) in a bounded :class:`opruntime.lru.LRU` (``cache_entries``), and their
+cubins on disk under ``$OPRUNTIME_CACHE_DIR/cuda`` (default ``~/.cache/opruntime/cuda``), so a
+new process skips NVRTC. A failed build raises
 :class:`opruntime.errors.KernelCompileError` with the NVRTC log; the selector then runs the next
 candidate.
 
@@ -31,11 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from opruntime.errors import KernelCompileError
+from opruntime.lru import LRU
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_.]+)"\s*$', re.M)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _lock = threading.Lock()
-_modules: dict[tuple, Any] = {}  # (filename, defines, device, arch, options) -> cupy.RawModule
+#: (filename, defines, device, arch, options) -> cupy.RawModule; an evicted module is rebuilt
+#: from the disk cache (no NVRTC), and launchers still holding its functions keep it alive
+_modules = LRU("cuda modules")
 
 
 @cache
@@ -78,16 +82,19 @@ def render(filename: str, defines: Mapping[str, Any]) -> str:
 
 
 def device_id(device: Any) -> int:
-    """A device id from an int, ``"cuda:N"``, a cupy Device or None (the current device)."""
+    """A device id from an int, a :class:`~opruntime_cupy.memory.CudaDevice` (``.index``), a
+    ``cupy.cuda.Device`` (``.id``) or None (the current device). Names are not accepted: kernels
+    pass ``problem.device.provider.index``."""
     if device is None:
         import cupy
 
         return cupy.cuda.runtime.getDevice()
     if isinstance(device, int):
         return device
-    if isinstance(device, str):
-        return int(device.split(":", 1)[1]) if ":" in device else 0
-    return int(device.id)
+    if isinstance(device, str):  # a name would need parsing: the Problem's provider knows its index
+        raise TypeError(f"device {device!r}: pass problem.device.provider.index (or the provider), not a name")
+    index = getattr(device, "index", None)
+    return int(index if index is not None else device.id)
 
 
 @cache
@@ -119,7 +126,7 @@ def load(filename: str, defines: Mapping[str, Any] | None = None, device: Any = 
     Args:
         filename: a ``.cu`` file of this package.
         defines: tunables injected as ``#define`` lines (order-insensitive for caching).
-        device: device id, ``"cuda:N"`` or None for the current device.
+        device: device id, a ``CudaDevice`` or None for the current device.
         kernel: the opruntime kernel name, for the error message.
         arch: override the target (``"90a"`` for wgmma); default: the device's.
         extra_options: more NVRTC options (``"--use_fast_math"``).
@@ -133,7 +140,7 @@ def load(filename: str, defines: Mapping[str, Any] | None = None, device: Any = 
     mod = _modules.get(key)
     if mod is not None:
         return mod
-    with _lock:
+    with _lock:  # one build per key when threads race (NVRTC takes seconds)
         mod = _modules.get(key)
         if mod is None:
             mod = _modules[key] = _build(filename, defs, dev, kernel or filename, arch, tuple(extra_options))
@@ -244,8 +251,7 @@ def _prebuild_one(filename: str, defines: dict, arch: str) -> str:
 
 def clear() -> None:
     """Forget the in-memory modules (tests; the disk cache stays)."""
-    with _lock:
-        _modules.clear()
+    _modules.clear()
 
 
 class FastLaunch:
@@ -263,8 +269,8 @@ class FastLaunch:
     their writes to the block (the driver copies the block when the launch is queued).
     """
 
-    __slots__ = ("_address", "_args", "_block", "_func", "_grid", "_launch", "_lock", "_params", "_pointers", "_shared",
-                 "_stream")
+    __slots__ = ("_address", "_args", "_block", "_func", "_function", "_grid", "_launch", "_lock", "_params",
+                 "_pointers", "_shared", "_stream")
 
     def __init__(self, kernel: Any, grid: Sequence[int], block: Sequence[int], *, pointers: int,
                  scalars: Sequence[Any] = (), shared_mem: int = 0) -> None:
@@ -274,6 +280,9 @@ class FastLaunch:
         from cupy.cuda import driver
 
         func = getattr(kernel, "kernel", kernel)  # a RawKernel's cupy.cuda.Function
+        # held, not only its address: the Function holds its module loaded, and the module cache
+        # (an LRU) may drop the module while this launcher is still in use
+        self._function = func
         self._func = int(func.ptr)
         self._grid = (*grid, 1, 1)[:3]
         self._block = (*block, 1, 1)[:3]

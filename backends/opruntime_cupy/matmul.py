@@ -1,28 +1,30 @@
 """matmul on CUDA: cuBLAS through ``cupy.matmul`` (the vendor baseline), an fp32 SGEMM on the
 CUDA cores (``matmul_sgemm.cu``) and an fp16 / bf16 GEMM on the tensor cores
-(``matmul_hgemm.cu``), each in a vectorized variant for aligned operands and a generic one for
-any strides.
+(``matmul_hgemm.cu``, and ``matmul_wgmma.cu`` on Hopper), each in a vectorized variant for
+aligned operands and a generic one for any strides: the table, the configs, what each kernel
+accepts and what it costs.
 
 The kernels read operands through their strides (transposed and strided views, broadcast batch
 dims with stride 0, negative strides) without copies. Batch dims are merged where the strides
 allow; up to three remain for the kernel (more: only cuBLAS).
 
-Per call, the work is one dict lookup (the launch plan of this problem and config, built once:
-compiled function, grid, block, shared memory, scalar arguments), one allocation and one launch.
+Each kernel's ``prepare(problem, config)`` (``matmul_launch.py``) builds the launch plan once
+(compiled functions, grid, block, shared memory, the parameter block) and returns
+``launch(a, b)``; the runtime keeps it in its one launch cache (``Kernel.launcher``). A call is
+then an alignment check of the two base addresses, one allocation and one launch (one per 65535
+batch entries).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from opruntime.kernels import Kernel, Problem, itemsize
 
 from . import compile, memory
+from .matmul_launch import NOT_DEFINES, WGMMA_B_DESC, Geometry, geometry, preparer, run_cublas
 
 # -- tunable configurations ------------------------------------------------------------------
 # occ: resident blocks per SM (registers / shared memory); eff: the fraction of the device's
@@ -50,10 +52,8 @@ WGMMA_CONFIGS: tuple[dict, ...] = (
     dict(tile="128x128x64s4", BM=128, BN=128, BK=64, STAGES=4, occ=1, eff=0.543),
     dict(tile="128x128x64s3", BM=128, BN=128, BK=64, STAGES=3, occ=2, eff=0.323),
 )
-#: How the wgmma kernel describes an n-contiguous B (see matmul_wgmma.cu): checked on an H200,
-#: the other conventions give wrong results or an illegal address.
-WGMMA_B_DESC = {"B_LBO_MN": 1, "TNSP_B": 1}
-_NOT_DEFINES = ("tile", "occ", "eff")
+#: the mma config whose any-stride variant runs the wgmma kernel's misaligned bases
+WGMMA_FALLBACK = next(c for c in MMA_CONFIGS if c["tile"] == "128x128x64s3")
 
 # cuBLAS, modelled the same way: the best of the tiles it chooses from (calibrated like the rest).
 CUBLAS_TILES = {  # dtype -> ((BM, BN, occ, eff), ...)
@@ -64,234 +64,6 @@ CUBLAS_TILES = {  # dtype -> ((BM, BN, occ, eff), ...)
 }
 GPU_LAUNCH = 3e-6  # device-side start and drain of one kernel, seconds
 HOST_OWN, HOST_CUBLAS = 8e-6, 15e-6  # host seconds per call (RawKernel launch vs cupy.matmul)
-MAX_GRID_Z = 65535
-
-
-# -- geometry: what the kernels need to know about one problem --------------------------------
-@dataclass(frozen=True)
-class Geometry:
-    M: int
-    N: int
-    K: int
-    batch: int
-    sam: int  # A[m, k] at m * sam + k * sak (elements)
-    sak: int
-    sbk: int  # B[k, n] at k * sbk + n * sbn
-    sbn: int
-    dims: tuple[int, int, int]  # batch sizes (d2, d1, d0), d2 outermost
-    sa: tuple[int, int, int]  # A's batch strides, 0 for broadcast dims
-    sb: tuple[int, int, int]
-    a_kcontig: bool  # layout of A: k contiguous (else m) -- exact when vec_a, a hint otherwise
-    b_ncontig: bool
-    vec_a: bool  # vector loads possible (before the base-pointer check at run time)
-    vec_b: bool
-
-
-_geometry: dict[tuple[Problem, int], Geometry | None] = {}
-
-
-def geometry(problem: Problem, width: int) -> Geometry | None:
-    """The kernel's view of a matmul problem for vectors of ``width`` elements; None when the
-    batch dims do not fold into three."""
-    key = (problem, width)
-    if key not in _geometry:
-        _geometry[key] = _geometry_of(problem, width)
-    return _geometry[key]
-
-
-def _geometry_of(problem: Problem, w: int) -> Geometry | None:
-    (sha, shb), out = problem.shapes, problem.out_shape
-    sta, stb = problem.strides
-    if sta is None or stb is None:
-        return None
-    M, K, N = sha[-2], sha[-1], shb[-1]
-    dims: list[list[int]] = []  # [size, stride_a, stride_b], merged where both operands allow
-    for i, size in enumerate(out[:-2]):
-        if size == 1:
-            continue
-        sa = sta[i] if sha[i] != 1 else 0
-        sb = stb[i] if shb[i] != 1 else 0
-        if dims and dims[-1][1] == sa * size and dims[-1][2] == sb * size:
-            dims[-1] = [dims[-1][0] * size, sa, sb]
-        else:
-            dims.append([size, sa, sb])
-    if len(dims) > 3:
-        return None
-    dims = [[1, 0, 0]] * (3 - len(dims)) + dims
-    batch = math.prod(d[0] for d in dims)
-    a_k, vec_a, sam, sak = _layout(M, sta[-2], K, sta[-1], w)
-    b_k, vec_b, sbn, sbk = _layout(N, stb[-1], K, stb[-2], w)
-    vec_a = vec_a and all(d[1] % w == 0 for d in dims)
-    vec_b = vec_b and all(d[2] % w == 0 for d in dims)
-    return Geometry(M, N, K, batch, sam, sak, sbk, sbn, tuple(d[0] for d in dims),  # type: ignore[arg-type]
-                    tuple(d[1] for d in dims), tuple(d[2] for d in dims),  # type: ignore[arg-type]
-                    a_k, not b_k, vec_a, vec_b)
-
-
-def _layout(p: int, sp: int, k: int, sk: int, w: int) -> tuple[bool, bool, int, int]:
-    """Layout of an operand indexed (p, k) with strides (sp, sk): (k contiguous?, vector loads
-    possible?, sp, sk). A size-1 dim's stride is irrelevant, so it is normalised."""
-    if p == 1:
-        sp = k if sk == 1 else 1
-    if k == 1:
-        sk = p if sp == 1 else 1
-    if sk == 1 and k % w == 0 and sp % w == 0:
-        return True, True, sp, sk
-    if sp == 1 and p % w == 0 and sk % w == 0:
-        return False, True, sp, sk
-    return abs(sk) <= abs(sp), False, sp, sk
-
-
-# -- launch plans ------------------------------------------------------------------------------
-@dataclass
-class Launch:
-    fn: Any
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    smem: int
-    device: int
-    params: Any  # a GemmParams struct (numpy structured scalar)
-
-
-#: struct GemmParams of matmul_common.cuh
-PARAMS = np.dtype([(n, np.int64) for n in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "z0", "d1", "d0",
-                                           "sa2", "sa1", "sa0", "sb2", "sb1", "sb0")])
-
-
-_plans: dict[tuple, tuple[list[Launch], list[Launch] | None]] = {}
-
-
-def _plan(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool) -> tuple:
-    """(launches for aligned bases, launches for any base or None when they are the same)."""
-    key = (family, problem, cfg["tile"], generic)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = _make_plan(family, problem, cfg, generic)
-    return plan
-
-
-
-def _make_plan(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool) -> tuple:
-    w = 4 if family == "simt" else 8
-    g = geometry(problem, w)
-    assert g is not None, "supports() admitted a problem without a geometry"
-    dev = int(problem.device.split(":")[1])
-    vec_a, vec_b = (g.vec_a, g.vec_b) if not generic else (False, False)
-    fast = _launches(family, problem, cfg, g, dev, vec_a, vec_b)
-    if family == "wgmma":  # misaligned bases: the mma kernel's any-stride variant
-        mma_cfg = next(c for c in MMA_CONFIGS if c["tile"] == "128x128x64s3")
-        return fast, _launches("mma", problem, mma_cfg, g, dev, False, False)
-    slow = _launches(family, problem, cfg, g, dev, False, False) if (vec_a or vec_b) else None
-    return fast, slow
-
-
-def variant(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, vec_a: bool,
-            vec_b: bool) -> tuple[str, str, dict]:
-    """(source file, function name, defines) of one compiled variant."""
-    defines = {k: v for k, v in cfg.items() if k not in _NOT_DEFINES}
-    defines.update(A_KCONTIG=g.a_kcontig, B_NCONTIG=g.b_ncontig, VEC_A=vec_a, VEC_B=vec_b)
-    if family == "simt":
-        return "matmul_sgemm.cu", "sgemm", defines
-    defines["BF16"] = problem.dtype == "bfloat16"
-    if family == "wgmma":
-        defines = {k: v for k, v in defines.items() if k not in ("A_KCONTIG", "VEC_A", "VEC_B")}
-        return "matmul_wgmma.cu", "hgemm_wgmma", {**defines, **WGMMA_B_DESC}
-    return "matmul_hgemm.cu", "hgemm", defines
-
-
-def variants_for(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool) -> list[tuple[str, dict]]:
-    """Every (file, defines) a run of this problem may need (to build them ahead, in parallel)."""
-    g = geometry(problem, 4 if family == "simt" else 8)
-    vec = (g.vec_a, g.vec_b) if not generic else (False, False)
-    out = [variant(family, problem, cfg, g, *vec)]
-    if any(vec):
-        out.append(variant(family, problem, cfg, g, False, False))
-    return [(f, d) for f, _, d in out]
-
-
-def _launches(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, dev: int,
-              vec_a: bool, vec_b: bool) -> list[Launch]:
-    file, name, defines = variant(family, problem, cfg, g, vec_a, vec_b)
-    arch = "90a" if family == "wgmma" else None
-    fn = compile.get_function(file, name, defines, dev, kernel=f"cupy.matmul.{family}", arch=arch)
-    bm, bn = cfg["BM"], cfg["BN"]
-    if family == "wgmma":  # warpgroups of 128 threads, 64 rows each; 1 KiB to align the stages
-        threads, smem = bm // 64 * 128, cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2 + 1024
-    else:
-        threads = (bm // cfg["WM"]) * (bn // cfg["WN"]) * 32
-        smem = 0 if family == "simt" else cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2
-    if smem > 48 * 1024:  # opt in to more than the default 48 KiB of dynamic shared memory
-        import cupy
-
-        with cupy.cuda.Device(dev):
-            fn.max_dynamic_shared_size_bytes = smem
-    tiles = -(-g.M // bm) * -(-g.N // bn)
-    out = []
-    for z0 in range(0, g.batch, MAX_GRID_Z):
-        nz = min(MAX_GRID_Z, g.batch - z0)
-        params = np.array((g.M, g.N, g.K, g.sam, g.sak, g.sbk, g.sbn, z0, g.dims[1], g.dims[2], *g.sa, *g.sb),
-                          dtype=PARAMS)[()]
-        out.append(Launch(fn, (tiles, 1, nz), (threads, 1, 1), smem, dev, params))
-    return out
-
-
-def _launch(family: str, problem: Problem, cfg: Mapping[str, Any], a: Any, b: Any, generic: bool) -> Any:
-    plan = _plans.get((family, problem, cfg["tile"], generic))
-    if plan is None:
-        plan = _plan(family, problem, cfg, generic)
-    fast, slow = plan
-    launches = slow if slow is not None and (a.data.ptr | b.data.ptr) & 15 else fast
-    dev = launches[0].device
-    if dev != _current_device():
-        with memory.on_device(a):
-            return _go(launches, problem, a, b)
-    return _go(launches, problem, a, b)
-
-
-def _go(launches: list[Launch], problem: Problem, a: Any, b: Any) -> Any:
-    out = memory.empty(problem.out_shape, a.dtype, f"matmul {problem}")
-    for ln in launches:
-        ln.fn(ln.grid, ln.block, (a, b, out, ln.params), shared_mem=ln.smem)
-    return out
-
-
-def _current_device() -> int:
-    import cupy
-
-    return cupy.cuda.runtime.getDevice()
-
-
-def run_simt(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
-    return _launch("simt", problem, config, a, b, False)
-
-
-def run_simt_generic(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
-    return _launch("simt", problem, config, a, b, True)
-
-
-def run_mma(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
-    return _launch("mma", problem, config, a, b, False)
-
-
-def run_mma_generic(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
-    return _launch("mma", problem, config, a, b, True)
-
-
-def run_wgmma(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
-    return _launch("wgmma", problem, config, a, b, False)
-
-
-def run_cublas(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
-    import cupy
-
-    try:
-        if a.data.device_id != cupy.cuda.runtime.getDevice():
-            with memory.on_device(a):
-                return cupy.matmul(a, b)
-        return cupy.matmul(a, b)
-    except cupy.cuda.memory.OutOfMemoryError as exc:
-        raise memory._oom(f"matmul {problem} (cuBLAS)", math.prod(problem.out_shape) * a.dtype.itemsize,
-                          exc) from exc
 
 
 # -- what each kernel accepts -------------------------------------------------------------------
@@ -327,7 +99,7 @@ def supports_wgmma(problem: Problem) -> bool:
     g = _fits(problem, 8)
     if g is None or not (g.vec_a and g.a_kcontig and g.vec_b):
         return False
-    return compile.arch_of(int(problem.device.split(":")[1])) == "90"
+    return compile.arch_of(problem.device.provider.index) == "90"
 
 
 def supports_cublas(problem: Problem) -> bool:
@@ -353,9 +125,9 @@ def _cublas_bf16() -> bool:
 
 # -- cost models: a roofline with tile quantization on the device's figures --------------------
 def _figures(problem: Problem) -> tuple[float, float, float, int]:
-    dev = memory.provider(int(problem.device.split(":")[1]))
-    f32, f16, bw = dev.figures()
-    return f32, f16, bw, dev.sm_count
+    prov = problem.device.provider
+    f32, f16, bw = prov.figures()
+    return f32, f16, bw, prov.sm_count
 
 
 def _tiled_time(problem: Problem, g: Geometry, bm: int, bn: int, bk: int, occ: int, eff: float) -> float:
@@ -424,33 +196,35 @@ def kernels() -> list[Kernel]:
     simt_generic = lambda p, c: cost_simt(p, c, True)  # noqa: E731
     mma_generic = lambda p, c: cost_mma(p, c, True)  # noqa: E731
     return [
-        #       op      name                          kind    dtypes  run / supports / cost
-        Kernel("matmul", "cupy.matmul.cublas", "cuda", vendor, run_cublas, supports=supports_cublas,
+        #       op      name                          kind    dtypes  run / prepare, supports, cost
+        Kernel("matmul", "cupy.matmul.cublas", "cuda", vendor, run=run_cublas, supports=supports_cublas,
                cost=cost_cublas, vendor=True, source="cupy.matmul (cuBLAS)"),
-        Kernel("matmul", "cupy.matmul.simt", "cuda", f32, run_simt, supports=supports_simt, cost=cost_simt,
-               configs=SIMT_CONFIGS, config_for=_ranked(SIMT_CONFIGS, cost_simt), source=sgemm),
-        Kernel("matmul", "cupy.matmul.simt_generic", "cuda", f32, run_simt_generic,
+        Kernel("matmul", "cupy.matmul.simt", "cuda", f32, prepare=preparer("simt", False), supports=supports_simt,
+               cost=cost_simt, configs=SIMT_CONFIGS, config_for=_ranked(SIMT_CONFIGS, cost_simt), source=sgemm),
+        Kernel("matmul", "cupy.matmul.simt_generic", "cuda", f32, prepare=preparer("simt", True),
                supports=supports_generic_simt, cost=simt_generic, configs=SIMT_CONFIGS,
                config_for=_ranked(SIMT_CONFIGS, simt_generic), source=sgemm),
-        Kernel("matmul", "cupy.matmul.mma", "cuda", f16, run_mma, supports=supports_mma, cost=cost_mma,
-               configs=MMA_CONFIGS, config_for=_ranked(MMA_CONFIGS, cost_mma), source=hgemm),
-        Kernel("matmul", "cupy.matmul.mma_generic", "cuda", f16, run_mma_generic,
+        Kernel("matmul", "cupy.matmul.mma", "cuda", f16, prepare=preparer("mma", False), supports=supports_mma,
+               cost=cost_mma, configs=MMA_CONFIGS, config_for=_ranked(MMA_CONFIGS, cost_mma), source=hgemm),
+        Kernel("matmul", "cupy.matmul.mma_generic", "cuda", f16, prepare=preparer("mma", True),
                supports=supports_generic_mma, cost=mma_generic, configs=MMA_CONFIGS,
                config_for=_ranked(MMA_CONFIGS, mma_generic), source=hgemm),
-        Kernel("matmul", "cupy.matmul.wgmma", "cuda", f16, run_wgmma, supports=supports_wgmma, cost=cost_wgmma,
-               configs=WGMMA_CONFIGS, config_for=_ranked(WGMMA_CONFIGS, cost_wgmma), source=wgmma),
+        Kernel("matmul", "cupy.matmul.wgmma", "cuda", f16, prepare=preparer("wgmma", False, WGMMA_FALLBACK),
+               supports=supports_wgmma, cost=cost_wgmma, configs=WGMMA_CONFIGS,
+               config_for=_ranked(WGMMA_CONFIGS, cost_wgmma), source=wgmma),
     ]
 
 
 def build_variants() -> list[tuple[str, dict]]:
-    """(file, defines) of every variant CI compiles: each config in its default layout, and
-    every layout / vector combination of the first config."""
+    """(file, defines) of every variant CI compiles (gathered by the package's
+    ``opruntime_build_variants`` hook): each config in its default layout, and every layout /
+    vector combination of the first config."""
     out = []
     for file, configs, extra in (("matmul_sgemm.cu", SIMT_CONFIGS, {}),
                                  ("matmul_hgemm.cu", MMA_CONFIGS, {"BF16": 0})):
         for cfg in configs:
-            out.append((file, {**{k: v for k, v in cfg.items() if k not in _NOT_DEFINES}, **extra}))
-        base = {k: v for k, v in configs[0].items() if k not in _NOT_DEFINES}
+            out.append((file, {**{k: v for k, v in cfg.items() if k not in NOT_DEFINES}, **extra}))
+        base = {k: v for k, v in configs[0].items() if k not in NOT_DEFINES}
         for ak in (0, 1):
             for bn in (0, 1):
                 for vec in (0, 1):
@@ -458,7 +232,7 @@ def build_variants() -> list[tuple[str, dict]]:
         if file == "matmul_hgemm.cu":
             out.append((file, {**base, "BF16": 1}))
     for cfg in WGMMA_CONFIGS:
-        base = {k: v for k, v in cfg.items() if k not in _NOT_DEFINES}
+        base = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
         for bn, bf in ((1, 0), (0, 0), (1, 1)):
             out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": bn, "BF16": bf, **WGMMA_B_DESC}))
     return out

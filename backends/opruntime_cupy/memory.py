@@ -1,8 +1,10 @@
 """The ``cuda:N`` devices: CuPy arrays are the device memory; DLPack in and out; CUDA events
-for timing; out-of-memory turned into :class:`opruntime.errors.OutOfMemoryError`.
+for timing; free memory and aliasing as the frontend asks for them; out-of-memory turned into
+:class:`opruntime.errors.OutOfMemoryError`.
 
-Kernels of this backend allocate their outputs with :func:`empty` (same error handling) and
-launch on the operands' device with :func:`on_device`.
+Kernels of this backend take their device from the Problem (``problem.device.provider``, a
+:class:`CudaDevice`), allocate their outputs with :func:`empty` (same error handling) and launch
+on the operands' device with :func:`on_device`.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class CudaDevice(DeviceProvider):
 
     kind = "cuda"
     priority = 100
+    accelerator = True
 
     def __init__(self, index: int) -> None:
         import cupy
@@ -131,6 +134,34 @@ class CudaDevice(DeviceProvider):
 
     def owns(self, data: Any) -> bool:
         return isinstance(data, self.array_types) and data.device.id == self.index
+
+    def free_memory(self) -> int | None:
+        """What the driver has free on this device plus the free blocks of CuPy's pool there
+        (CuPy frees those and retries when the driver alone cannot serve an allocation), capped
+        by the pool's limit when one is set; None when the driver cannot be asked."""
+        cp = self._cupy
+        try:
+            with self._device:
+                free, _ = cp.cuda.runtime.memGetInfo()
+                pool = cp.get_default_memory_pool()  # its byte counts are the current device's
+                room = free + pool.free_bytes()
+                limit = pool.get_limit()
+                if limit:  # pool.set_limit / CUPY_GPU_MEMORY_LIMIT: what the pool may still hand out
+                    room = min(room, limit - pool.used_bytes())
+        except cp.cuda.runtime.CUDARuntimeError:
+            return None
+        return max(int(room), 0)
+
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        """True when the byte ranges of two CuPy arrays overlap (views of one buffer included);
+        an array of size 0 holds no bytes and overlaps nothing. Other objects: identity."""
+        if not (isinstance(a, self.array_types) and isinstance(b, self.array_types)):
+            return a is b
+        if a.size == 0 or b.size == 0:
+            return False
+        lo_a, hi_a = _extent(a)
+        lo_b, hi_b = _extent(b)
+        return lo_a < hi_b and lo_b < hi_a
 
     def random_normal(self, shape: tuple[int, ...], dtype: np.dtype, seed: int) -> Any:
         """Drawn on the device by cuRAND rather than on the host and copied."""
@@ -172,6 +203,13 @@ class CudaDevice(DeviceProvider):
             events[-1][1].synchronize()
             return [cp.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in events]
 
+    def roofline(self) -> dict[str, Any]:
+        """The roofs of :meth:`figures` (the cost models' own): memory bytes/s and peak FLOP/s per
+        dtype (float64 at half the fp32 rate, as the cost models assume)."""
+        f32, f16, bw = self.figures()
+        return {"bytes_per_s": bw,
+                "flops_per_s": {"float32": f32, "float16": f16, "bfloat16": f16, "float64": f32 / 2}}
+
     def fingerprint(self) -> dict[str, str]:
         rt = self._cupy.cuda.runtime
         return {
@@ -208,6 +246,18 @@ class CudaDevice(DeviceProvider):
         return figures_for(self.description, self.sm_count)
 
 
+def _extent(x: Any) -> tuple[int, int]:
+    """[first, last + 1) byte addresses a non-empty CuPy array touches (negative strides too)."""
+    lo = hi = x.data.ptr
+    for n, stride in zip(x.shape, x.strides):
+        span = (n - 1) * stride
+        if span < 0:
+            lo += span
+        else:
+            hi += span
+    return lo, hi + x.itemsize
+
+
 def figures_for(description: str, sms: int = 132) -> tuple[float, float, float]:
     """Peak figures for a device name (a table, scaled by SM count when the name is unknown)."""
     for frag, (f32, f16, bw) in _FIGURES.items():
@@ -233,9 +283,3 @@ def devices() -> list[CudaDevice]:
     if count == 0:
         raise BackendUnavailable("no CUDA device: cudaGetDeviceCount() returned 0", kinds=["cuda"])
     return [CudaDevice(i) for i in range(count)]
-
-
-@cache
-def provider(index: int) -> CudaDevice:
-    """The provider of device ``index`` (for the kernels' cost models)."""
-    return CudaDevice(index)

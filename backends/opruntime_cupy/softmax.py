@@ -17,8 +17,9 @@ one row stride; everything else goes to ``strided`` (which copies only when the 
 dims cannot be collapsed to one stride each). 128-bit access needs the row length, row stride
 and base address 16-byte aligned; otherwise the same config runs with scalar access.
 
-Each run is planned once per (problem, config): the compiled function, grid and arguments are
-cached, so a repeated call allocates the output and launches, nothing else.
+Each kernel's ``prepare(problem, config)`` plans the run once (compiled function, grid, block,
+a ``FastLaunch`` with the scalar arguments packed) and returns ``launch(x)``, which the runtime
+keeps in its one launch cache: a call allocates the output and launches, nothing else.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from opruntime.kernels import Kernel, Problem, c_strides, itemsize
 
 from . import compile as cc
-from .memory import empty, provider
+from .memory import empty
 
 DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 DTYPES = frozenset(DTYPE_CODE)
@@ -48,16 +49,16 @@ def kernels() -> list[Kernel]:
     out = []
     for op in ("softmax", "log_softmax"):
         out += [
-            #       op  name                      kind    dtypes  run                       supports      cost                        config_for
-            Kernel(op, f"cupy.{op}.warp", "cuda", DTYPES, **_callables(op, "warp"), supports=_warp_ok,
+            #       op  name                      kind    dtypes  prepare                   supports      cost                        config_for
+            Kernel(op, f"cupy.{op}.warp", "cuda", DTYPES, prepare=_preparer(op, "warp"), supports=_warp_ok,
                    cost=_cost("warp"), config_for=_warp_configs, configs=WARP_CONFIGS, source=src),
-            Kernel(op, f"cupy.{op}.block", "cuda", DTYPES, **_callables(op, "block"), supports=_block_ok,
+            Kernel(op, f"cupy.{op}.block", "cuda", DTYPES, prepare=_preparer(op, "block"), supports=_block_ok,
                    cost=_cost("block"), config_for=_block_configs, configs=BLOCK_CONFIGS, source=src),
-            Kernel(op, f"cupy.{op}.cluster", "cuda", DTYPES, **_callables(op, "cluster"), supports=_cluster_ok,
+            Kernel(op, f"cupy.{op}.cluster", "cuda", DTYPES, prepare=_preparer(op, "cluster"), supports=_cluster_ok,
                    cost=_cost("cluster"), config_for=_cluster_configs, configs=CLUSTER_CONFIGS, source=src),
-            Kernel(op, f"cupy.{op}.online", "cuda", DTYPES, **_callables(op, "online"), supports=_rows_ok,
+            Kernel(op, f"cupy.{op}.online", "cuda", DTYPES, prepare=_preparer(op, "online"), supports=_rows_ok,
                    cost=_cost("online"), config_for=_online_configs, configs=ONLINE_CONFIGS, source=src),
-            Kernel(op, f"cupy.{op}.strided", "cuda", DTYPES, **_callables(op, "strided"),
+            Kernel(op, f"cupy.{op}.strided", "cuda", DTYPES, prepare=_preparer(op, "strided"),
                    cost=_cost("strided"), configs=STRIDED_CONFIGS, source=src),
         ]
     return out
@@ -179,7 +180,7 @@ def _cluster_ok(problem: Problem) -> bool:
 
 def _sm90(problem: Problem) -> bool:
     try:
-        return int(cc.arch_of(cc.device_id(problem.device))[:2]) >= 90
+        return int(cc.arch_of(problem.device.provider.index)[:2]) >= 90
     except Exception:  # noqa: BLE001 - no CuPy or no device here: no clusters either
         return False
 
@@ -197,7 +198,7 @@ def _cost(family: str) -> Callable[[Problem, Mapping[str, Any]], float]:
     def cost(problem: Problem, config: Mapping[str, Any]) -> float:
         n = math.prod(problem.out_shape)
         nbytes = 2.0 * n * itemsize(problem.dtype)
-        bw = provider(cc.device_id(problem.device)).figures()[2]
+        bw = problem.device.provider.figures()[2]
         eff = EFFICIENCY[family]
         if family != "strided" and _vec(problem) == 1:
             eff *= 0.8
@@ -214,39 +215,14 @@ def _cost(family: str) -> Callable[[Problem, Mapping[str, Any]], float]:
 
 # -- running -----------------------------------------------------------------------------------------
 
-_launches: dict[tuple[str, int, int], tuple[Problem, Mapping[str, Any], Callable[..., Any]]] = {}
+def _preparer(op: str, family: str) -> Callable[[Problem, Mapping[str, Any]], Callable[[Any], Any]]:
+    """``prepare(problem, config) -> launch(x)`` of one family."""
 
+    def prepare(problem: Problem, config: Mapping[str, Any]) -> Callable[[Any], Any]:
+        return _build(op, family, problem, config)
 
-def per_problem(tag: str, problem: Problem, config: Mapping[str, Any], build: Callable[[], Callable[..., Any]]) \
-        -> Callable[..., Any]:
-    """The launcher of kernel ``tag`` built once for this (problem, config) object pair.
-
-    Keyed by identity (a plan passes the same objects on every call), checked with ``is`` so a
-    reused id never returns another problem's launcher.
-    """
-    hit = _launches.get((tag, id(problem), id(config)))
-    if hit is not None and hit[0] is problem and hit[1] is config:
-        return hit[2]
-    fn = build()
-    if len(_launches) > 4096:
-        _launches.clear()
-    _launches[(tag, id(problem), id(config))] = (problem, config, fn)
-    return fn
-
-
-def _callables(op: str, family: str) -> dict[str, Callable[..., Any]]:
-    """``run`` and ``prepare`` of one family: ``prepare(problem, config)`` is the launcher of that
-    (problem, config), built once; ``run`` calls it."""
-    tag = f"{op}.{family}"
-
-    def prepare(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
-        return per_problem(tag, problem, config, lambda: _build(op, family, problem, config))
-
-    def run(problem: Problem, config: Mapping[str, Any], x: Any) -> Any:
-        return prepare(problem, config)(x)
-
-    run.__name__ = f"{op}_{family}"
-    return {"run": run, "prepare": prepare}
+    prepare.__name__ = f"prepare_{op}_{family}"
+    return prepare
 
 
 def _defines(family: str, problem: Problem, config: Mapping[str, Any], vec: int) -> dict[str, int]:
@@ -277,7 +253,7 @@ def _build(op: str, family: str, problem: Problem, config: Mapping[str, Any]) ->
     """Compile (cached) and return ``launch(x) -> y`` for this problem and config."""
     import cupy
 
-    dev = cc.device_id(problem.device)
+    dev = problem.device.provider.index
     shape, name = problem.out_shape, f"cupy.{op}.{family}"
     if family == "strided":
         return _build_strided(op, problem, config, dev)
@@ -290,40 +266,44 @@ def _build(op: str, family: str, problem: Problem, config: Mapping[str, Any]) ->
         return fn, _grid(family, d, rows), d["THREADS"]
 
     fn, grid, block = function(vec)
-    grid, block = (grid,), (block,)
-    scalar: list[Any] = []  # the VEC=1 build, made on the first misaligned input
     args_tail = (rows, cols, ldx)
-    fast = cc.FastLaunch(fn, grid, block, pointers=2, scalars=[ctypes.c_int64(a) for a in args_tail])
+    fast = cc.FastLaunch(fn, (grid,), (block,), pointers=2, scalars=[ctypes.c_int64(a) for a in args_tail])
     getdev, alloc, oom = cupy.cuda.runtime.getDevice, cupy.empty, cupy.cuda.memory.OutOfMemoryError
-    aligned = vec == 1
+    aligned = vec == 1  # scalar access: any base address will do
+    slow: list[Callable[[Any], Any]] = []  # the launcher for misaligned bases, made when first needed
 
     def launch(x: Any) -> Any:
         if getdev() != dev:
             with cupy.cuda.Device(dev):
                 return launch(x)
+        xp = x.data.ptr
+        if xp & 15 and not aligned:  # a view's offset: 128-bit loads would fault
+            return (slow[0] if slow else misaligned())(x)
         try:
             y = alloc(shape, x.dtype)
         except oom:
             y = empty(shape, x.dtype, name)  # retried there, raising OutOfMemoryError with the figures
-        xp = x.data.ptr
-        if aligned or not xp & 15:
-            fast(xp, y.data.ptr)
-            return y
-        if family == "cluster":  # cluster sizes were chosen for 128-bit access
-            return _misaligned(op, problem, x)
-        if not scalar:
-            scalar.append(function(1))
-        sfn, sgrid, sblock = scalar[0]
-        sfn((sgrid,), (sblock,), (x, y, *args_tail))
+        fast(xp, y.data.ptr)
         return y
 
+    def misaligned() -> Callable[[Any], Any]:
+        """Make the launcher for misaligned bases (rare, so not at prepare time): the same config
+        with scalar access; for clusters (whose sizes were chosen for 128-bit access) the online
+        family. Kept in this closure, it lives as long as the fast launcher."""
+        if family == "cluster":
+            slow.append(_build(op, "online", problem, ONLINE_CONFIGS[0]))
+            return slow[0]
+        sfn, sgrid, sblock = function(1)
+
+        def scalar(x: Any) -> Any:
+            y = empty(shape, x.dtype, name)
+            sfn((sgrid,), (sblock,), (x, y, *args_tail))
+            return y
+
+        slow.append(scalar)
+        return scalar
+
     return launch
-
-
-def _misaligned(op: str, problem: Problem, x: Any) -> Any:
-    """A misaligned base address where only 128-bit access was built: use the online family."""
-    cfg = ONLINE_CONFIGS[0]
-    return per_problem(f"{op}.online", problem, cfg, lambda: _build(op, "online", problem, cfg))(x)
 
 
 def _build_strided(op: str, problem: Problem, config: Mapping[str, Any], dev: int) -> Callable[[Any], Any]:
@@ -360,8 +340,9 @@ def _build_strided(op: str, problem: Problem, config: Mapping[str, Any], dev: in
 
 
 def build_variants() -> list[tuple[str, dict]]:
-    """(file, defines) that CI compiles (scripts/compile_cu.py): each family in each dtype at its
-    largest register footprint, and the scalar-access builds."""
+    """(file, defines) that CI compiles (gathered by the package's ``opruntime_build_variants``
+    hook): each family in each dtype at its largest register footprint, and the scalar-access
+    builds."""
     out = []
     for dtype, code in DTYPE_CODE.items():
         vec = 16 // itemsize(dtype)

@@ -1,8 +1,9 @@
-"""The CUDA backend (opruntime_cupy): its device provider, its build helper and every matmul
-kernel x config against float64 references.
+"""The CUDA backend (opruntime_cupy): its device provider and every matmul kernel x config
+against float64 references.
 
 GPU tests carry ``@pytest.mark.gpu`` and skip with the reason when CuPy or a GPU is missing; the
-tests without the marker (source loading, the missing-CuPy path) run everywhere.
+tests without the marker (the kernel table, the cost models on a stand-in device, the aliasing
+rule, the missing-CuPy path) run everywhere.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import TOLERANCE, rel_err
 
 import opruntime as opr
 from opruntime.errors import BackendUnavailable, FallbackWarning, KernelCompileError, OutOfMemoryError
-from opruntime.kernels import Kernel, Problem
+from opruntime.kernels import LAUNCHES, Kernel, Problem, c_strides, frozen
 from opruntime.ops.matmul import MATMUL
+from opruntime.testing.numerics import TOLERANCE, rel_err
 
 
 def _gpu_reason() -> str | None:
@@ -43,16 +44,6 @@ def cp():
 
 
 # -- no GPU needed ---------------------------------------------------------------------------
-def test_source_inlines_local_includes_and_injects_defines():
-    from opruntime_cupy import compile
-
-    text = compile.render("matmul_sgemm.cu", {"BM": 64, "VEC_A": True})
-    assert text.startswith("#define BM 64\n#define VEC_A 1\n")
-    assert "cp_async16" in text and '#include "common.cuh"' not in text  # common.cuh inlined
-    with pytest.raises(ValueError, match="bad #define name"):
-        compile.render("matmul_sgemm.cu", {"not a name": 1})
-
-
 def test_missing_cupy_is_reported_as_unavailable(monkeypatch):
     from opruntime_cupy import memory
 
@@ -65,10 +56,99 @@ def test_missing_cupy_is_reported_as_unavailable(monkeypatch):
 def test_kernel_table_is_cheap_and_complete():
     from opruntime_cupy import matmul
 
-    names = {k.name for k in matmul.kernels()}
+    table = {k.name: k for k in matmul.kernels()}
     assert {"cupy.matmul.cublas", "cupy.matmul.simt", "cupy.matmul.simt_generic", "cupy.matmul.mma",
-            "cupy.matmul.mma_generic"} <= names
-    assert all(f in {f for f, _ in matmul.build_variants()} for f in ("matmul_sgemm.cu", "matmul_hgemm.cu"))
+            "cupy.matmul.mma_generic", "cupy.matmul.wgmma"} == set(table)
+    # compiled kernels plan in prepare (the runtime's one launch cache); cuBLAS has nothing to prepare
+    assert table["cupy.matmul.cublas"].run is not None and table["cupy.matmul.cublas"].prepare is None
+    assert all(k.prepare is not None and k.run is None for n, k in table.items() if n != "cupy.matmul.cublas")
+
+
+class StandInProvider:
+    """What the matmul kernels read of a CudaDevice, for tests without a GPU: an H100's figures."""
+
+    index = 0
+    sm_count = 132
+
+    def figures(self):
+        from opruntime_cupy import memory
+
+        return memory.figures_for("NVIDIA H100 80GB HBM3", self.sm_count)
+
+
+class StandInDevice:
+    """A device whose name no kernel could parse: kernels must read ``provider`` only."""
+
+    name, kind, provider = "stand-in", "cuda", StandInProvider()
+
+
+def host_problem(sa, sb, dtype: str, strides=None) -> Problem:
+    """A matmul Problem on the stand-in device (C-contiguous operands unless ``strides``)."""
+    norm = MATMUL.normalize([sa, sb], {})
+    strides = strides or tuple(c_strides(s) for s in norm.shapes)
+    return Problem("matmul", StandInDevice(), norm.shapes, (dtype, dtype), strides, norm.attrs, norm.out_shape,
+                   dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_supports_and_costs_read_the_device_from_the_provider(dtype):
+    from opruntime_cupy import matmul
+
+    for sa, sb in (((64, 64), (64, 64)), ((2, 1, 37, 21), (1, 3, 21, 19)), ((4096, 4096), (4096, 4096))):
+        p = host_problem(sa, sb, dtype)
+        for k in matmul.kernels():
+            if dtype not in k.dtypes or k.name == "cupy.matmul.wgmma":  # wgmma asks CuPy for the arch
+                continue
+            if k.name == "cupy.matmul.cublas" or k.supports(p):
+                costs = [k.estimate(p, c) for c in k.candidates(p)]
+                assert costs and all(0 < c < 1 for c in costs), (k.name, p)
+                assert costs == sorted(costs), k.name  # config_for ranks by cost
+        wg = next(k for k in matmul.kernels() if k.name == "cupy.matmul.wgmma")
+        if dtype != "float32":
+            assert 0 < wg.estimate(p, wg.configs[0]) < 1
+    big = host_problem((4096, 4096), (4096, 4096), "float32")
+    simt = next(k for k in matmul.kernels() if k.name == "cupy.matmul.simt")
+    assert simt.estimate(big, simt.configs[0]) > 2 * 4096**3 / StandInProvider().figures()[0]  # under the peak
+
+
+def test_geometry_folds_batch_dims_and_declines_more_than_three():
+    from opruntime_cupy import matmul
+
+    g = matmul.geometry(host_problem((2, 3, 8, 16), (2, 3, 16, 8), "float32"), 4)
+    assert (g.M, g.N, g.K, g.batch) == (8, 8, 16, 6) and g.vec_a and g.vec_b
+    assert matmul.geometry(host_problem((2, 1, 2, 1, 8, 8), (1, 2, 1, 2, 8, 8), "float32"), 4) is None
+
+
+def test_shares_memory_compares_byte_ranges():
+    """CudaDevice.shares_memory on stand-ins with CuPy's attributes (data.ptr, shape, byte
+    strides, itemsize, size), checked against NumPy's exact answer on the same views."""
+    from opruntime_cupy.memory import CudaDevice
+
+    class Ptr:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    class Arr:  # a NumPy view as CuPy describes it
+        def __init__(self, x):
+            self.x, self.data, self.shape, self.strides = x, Ptr(x.ctypes.data), x.shape, x.strides
+            self.itemsize, self.size = x.itemsize, x.size
+
+    dev = object.__new__(CudaDevice)  # no CuPy here: only the method under test
+    dev.array_types = (Arr,)
+    base = np.zeros((8, 10), np.float32)
+    views = [base, base[:4], base[4:], base[:, :5], base[:, 5:], base[::2], base[1::2, ::3], base[::-1],
+             base[7], base.T, base[2:3, 4:5], base[:0], base[3, ::-2], base.reshape(-1)[::7]]
+    for a in views:
+        for b in views:
+            want = a.size > 0 and b.size > 0 and np.shares_memory(a, b)
+            got = dev.shares_memory(Arr(a), Arr(b))
+            if want:
+                assert got, (a.shape, a.strides, b.shape, b.strides)  # never miss an overlap
+    assert not dev.shares_memory(Arr(base[:4]), Arr(base[4:]))
+    assert not dev.shares_memory(Arr(base[:0]), Arr(base))
+    assert dev.shares_memory(Arr(base[::-1]), Arr(base[0]))
+    other = np.zeros(4, np.float32)
+    assert not dev.shares_memory(Arr(other), Arr(base))
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -77,7 +157,7 @@ def problem_of(a, b, device: str = "cuda:0") -> Problem:
     norm = MATMUL.normalize([a.shape, b.shape], {})
     dt = a.dtype.name
     strides = tuple(tuple(s // x.dtype.itemsize for s in x.strides) for x in (a, b))
-    return Problem("matmul", device, norm.shapes, (dt, dt), strides, norm.attrs, norm.out_shape, dt)
+    return Problem("matmul", opr.Device(device), norm.shapes, (dt, dt), strides, norm.attrs, norm.out_shape, dt)
 
 
 def host_dtype(dtype: str):
@@ -116,7 +196,7 @@ def check_kernel(cp, kernel: Kernel, cfg, a, b, dtype: str) -> None:
     p = problem_of(a, b)
     assert kernel.supports(p), f"{kernel.name} declines {p}"
     poison(cp, math.prod(p.out_shape) * a.dtype.itemsize)
-    out = kernel.run(p, cfg, a, b)
+    out = kernel(p, cfg, a, b)
     assert out.shape == p.out_shape and out.dtype == a.dtype
     err = rel_err(cp.asnumpy(out).astype(np.float64), reference(a, b))
     assert err <= TOLERANCE[dtype], f"{kernel.name}[{cfg.get('tile')}] {p}: rel err {err:.2e}"
@@ -286,6 +366,21 @@ def test_provider_memory_timer_and_facts(cp):
     fp = prov.fingerprint()
     assert {"name", "description", "compute_capability", "driver", "runtime", "cupy"} <= set(fp)
     assert "multiprocessors" in prov.info() and "L2 cache" in prov.info()
+    assert prov.accelerator
+    roof = prov.roofline()
+    assert roof["bytes_per_s"] > 1e11 and {"float32", "float16", "bfloat16"} <= set(roof["flops_per_s"])
+
+
+@pytest.mark.gpu
+def test_provider_free_memory_and_aliasing(cp):
+    prov = opr.Device("cuda:0").provider
+    _, total = cp.cuda.runtime.memGetInfo()
+    assert 0 < prov.free_memory() <= total
+    x = cp.zeros((8, 10), cp.float32)
+    assert prov.shares_memory(x, x) and prov.shares_memory(x, x[2:, ::3]) and prov.shares_memory(x[::-1], x[0])
+    assert not prov.shares_memory(x[:4], x[4:]) and not prov.shares_memory(x[:0], x)
+    assert not prov.shares_memory(x, cp.zeros_like(x))
+    assert not prov.shares_memory(x, np.zeros(3))
 
 
 @pytest.mark.gpu
@@ -313,14 +408,15 @@ def test_compile_error_carries_the_nvrtc_log(cp):
 def test_selector_falls_back_when_a_kernel_fails_to_build(cp):
     from opruntime_cupy import compile
 
-    def broken(problem, config, a, b):
-        compile.load("matmul_sgemm.cu", {"BM": "garbage("}, 0, kernel="test.matmul.broken")
+    def broken(problem, config):  # compiling in prepare, as the CUDA kernels do
+        compile.load("matmul_sgemm.cu", {"BM": "garbage("}, problem.device.provider.index,
+                     kernel="test.matmul.broken")
 
     class Plugin:
         @staticmethod
         @opr.hookimpl
         def opruntime_kernels():
-            return [Kernel("matmul", "test.matmul.broken", "cuda", frozenset({"float32"}), broken,
+            return [Kernel("matmul", "test.matmul.broken", "cuda", frozenset({"float32"}), prepare=broken,
                            cost=lambda p, c: 0.0)]
 
     opr.register(Plugin, name="broken-cuda")
@@ -332,3 +428,35 @@ def test_selector_falls_back_when_a_kernel_fails_to_build(cp):
         assert rel_err(out.numpy(), MATMUL.reference(a, b)) <= TOLERANCE["float32"]
     finally:
         opr.unregister("broken-cuda")
+
+
+# -- the caches: one launch cache in the runtime, a bounded module cache here ----------------------
+@pytest.mark.gpu
+def test_launch_is_prepared_once_and_kept_in_the_runtime_cache(cp):
+    rng = np.random.default_rng()
+    k = kernel("cupy.matmul.simt")
+    a, b = randn(cp, (64, 32), "float32", rng), randn(cp, (32, 48), "float32", rng)
+    p, cfg = problem_of(a, b), configs("cupy.matmul.simt")[0]
+    launch = k.launcher(p, cfg)
+    assert k.launcher(p, cfg) is launch and LAUNCHES.get((k, p, frozen(cfg))) is launch
+    # the misaligned-base fallback runs through the same launcher
+    big = randn(cp, (64, 40), "float32", rng)
+    view = big[:, 1:33]
+    pv = problem_of(view, b)
+    assert k.supports(pv) and view.data.ptr & 15  # vector layout, base off by 4 bytes
+    out = k(pv, cfg, view, b)
+    assert rel_err(cp.asnumpy(out).astype(np.float64), reference(view, b)) <= TOLERANCE["float32"]
+
+
+@pytest.mark.gpu
+def test_module_cache_is_bounded(cp):
+    from opruntime_cupy import compile
+
+    cap = compile._modules.capacity
+    compile._modules.resize(2)
+    try:
+        for threads in (128, 256, 512):
+            compile.load("softmax.cu", {"DTYPE": 0, "FAMILY": 3, "VEC": 4, "THREADS": threads}, 0)
+        assert len(compile._modules) == 2
+    finally:
+        compile._modules.resize(cap)

@@ -15,26 +15,46 @@ import math
 
 import numpy as np
 import pytest
-from conftest import TOLERANCE, rel_err
-from opruntime_cupy import conv, softmax
+from opruntime_cupy import conv, memory, softmax
 
 from opruntime.kernels import Attrs, Problem
 from opruntime.ops import OPS
+from opruntime.testing.numerics import TOLERANCE, rel_err
 
 
-def make_problem(op: str, arrays: list, dtype: str, **attrs) -> Problem:
-    """The Problem the frontend would build for these (host or device) arrays."""
+class StandInProvider:
+    """What the kernels read of a CudaDevice, for tests without a GPU: an H100's figures."""
+
+    index = 0
+    sm_count = 132
+
+    def figures(self):
+        return memory.figures_for("NVIDIA H100 80GB HBM3", self.sm_count)
+
+
+class StandInDevice:
+    """A device whose name no kernel could parse: kernels must read ``provider`` only."""
+
+    name, kind, provider = "stand-in", "cuda", StandInProvider()
+
+
+STAND_IN = StandInDevice()
+
+
+def make_problem(op: str, arrays: list, dtype: str, device=STAND_IN, **attrs) -> Problem:
+    """The Problem the frontend would build for these (host or device) arrays on ``device`` (an
+    ``opr.Device`` for the GPU tests)."""
     shapes = [tuple(a.shape) for a in arrays]
     norm = OPS[op].normalize(shapes, dict(attrs))
     strides = tuple(tuple(s // a.dtype.itemsize for s in a.strides) for a in arrays)
-    return Problem(op, "cuda:0", norm.shapes, (dtype,) * len(arrays), strides, norm.attrs, norm.out_shape, dtype)
+    return Problem(op, device, norm.shapes, (dtype,) * len(arrays), strides, norm.attrs, norm.out_shape, dtype)
 
 
 # -- CPU: layouts ---------------------------------------------------------------------------------
 
 
 def softmax_problem(shape, strides, axis) -> Problem:
-    return Problem("softmax", "cuda:0", (shape,), ("float32",), (strides,), Attrs(axis=axis), shape, "float32")
+    return Problem("softmax", STAND_IN, (shape,), ("float32",), (strides,), Attrs(axis=axis), shape, "float32")
 
 
 def test_layout_rows_and_columns():
@@ -67,6 +87,25 @@ def _supports_here(kernel, problem) -> bool:
     if kernel.name.endswith("cluster"):
         return False  # needs the device's compute capability
     return kernel.supports(problem)
+
+
+def test_every_kernel_is_prepared_and_costed_from_the_provider():
+    """Compiled kernels give ``prepare`` only (the runtime keeps the launchers); the cost models
+    read the device's figures from ``problem.device.provider`` (the stand-in's name is no
+    ``cuda:N``), and rank the configs."""
+    kernels = softmax.kernels() + conv.kernels()
+    assert all(k.prepare is not None and k.run is None and k.name.startswith("cupy.") for k in kernels)
+    p = softmax_problem((64, 4096), (4096, 1), 1)
+    for k in softmax.kernels():
+        if _supports_here(k, p):
+            costs = [k.estimate(p, c) for c in k.candidates(p)]
+            assert costs and all(0 < c < 1e-3 for c in costs), k.name
+    x, w = np.zeros((8, 64, 28, 28), np.float32), np.zeros((64, 64, 3, 3), np.float32)
+    pc = make_problem("conv2d", [x, w], "float32", padding=1)
+    for k in conv.kernels():
+        if "float32" in k.dtypes and k.supports(pc):
+            costs = [k.estimate(pc, c) for c in k.candidates(pc)]
+            assert costs == sorted(costs) and all(0 < c < 1e-2 for c in costs), k.name
 
 
 # -- CPU: the implicit GEMM's gather, emulated --------------------------------------------------------
@@ -152,6 +191,14 @@ def cp():
     return cupy
 
 
+@pytest.fixture(scope="module")
+def cuda(cp):
+    """The runtime's device ``cuda:0`` (a Problem carries the Device, not its name)."""
+    import opruntime as opr
+
+    return opr.Device("cuda:0")
+
+
 def dtypes_here(cp) -> list[str]:
     from opruntime_cupy.memory import bfloat16
 
@@ -199,7 +246,7 @@ def views(cp, host, dev):
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("family", ["warp", "block", "cluster", "online", "strided"])
-def test_softmax_every_config(cp, op, family):
+def test_softmax_every_config(cp, cuda, op, family):
     rng = np.random.default_rng()
     kernel = next(k for k in softmax.kernels() if k.name == f"cupy.{op}.{family}")
     ran, failures = 0, []
@@ -212,13 +259,13 @@ def test_softmax_every_config(cp, op, family):
                 for axis in axes:
                     if axis >= hv.ndim:
                         continue
-                    p = make_problem(op, [dv], dtype, axis=axis)
+                    p = make_problem(op, [dv], dtype, cuda, axis=axis)
                     if not kernel.supports(p):
                         continue
                     ref = OPS[op].reference(hv.astype(np.float64), axis=axis)
                     configs = kernel.candidates(p) if dtype == "float32" else kernel.candidates(p)[:1]
                     for cfg in configs:
-                        out = kernel.run(p, cfg, dv)
+                        out = kernel(p, cfg, dv)
                         ran += 1
                         assert out.shape == p.out_shape and out.dtype == dv.dtype
                         assert out.flags.c_contiguous
@@ -235,28 +282,28 @@ def test_softmax_every_config(cp, op, family):
 
 
 @pytest.mark.gpu
-def test_softmax_poisoned_output_is_fully_written(cp):
+def test_softmax_poisoned_output_is_fully_written(cp, cuda):
     """Every element of the output is written (a pre-filled pool block must not show through)."""
     rng = np.random.default_rng()
     for family in ("warp", "block", "online", "strided"):
         kernel = next(k for k in softmax.kernels() if k.name == f"cupy.softmax.{family}")
         for shape in ((31, 999), (5, 4096)):
             host, dev = softmax_inputs(cp, rng, shape, "float32")
-            p = make_problem("softmax", [dev], "float32", axis=1)
+            p = make_problem("softmax", [dev], "float32", cuda, axis=1)
             if not kernel.supports(p):
                 continue
             cfg = kernel.candidates(p)[0]
             for _ in range(3):  # the pool hands back the poisoned block
                 poison = cp.full(shape, cp.nan, cp.float32)
                 del poison
-                out = kernel.run(p, cfg, dev)
+                out = kernel(p, cfg, dev)
                 assert rel_err(cp.asnumpy(out), OPS["softmax"].reference(host, axis=1)) < 1e-5
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel_name", ["igemm_simt", "igemm_mma", "winograd_f2x3", "winograd_f4x3", "depthwise",
                                          "im2col_cublas"])
-def test_conv2d_every_config(cp, kernel_name):
+def test_conv2d_every_config(cp, cuda, kernel_name):
     rng = np.random.default_rng()
     kernel = next(k for k in conv.kernels() if k.name == f"cupy.conv2d.{kernel_name}")
     ran, failures = 0, []
@@ -275,7 +322,7 @@ def test_conv2d_every_config(cp, kernel_name):
                     cases.append(("transposed", t))
                 for view, xv in cases:
                     arrays = [xv, cp.asarray(wh)] + ([cp.asarray(bh)] if bias else [])
-                    p = make_problem("conv2d", arrays, dtype, **attrs)
+                    p = make_problem("conv2d", arrays, dtype, cuda, **attrs)
                     if not kernel.supports(p):
                         continue
                     ref = OPS["conv2d"].reference(xh.astype(np.float64), wh.astype(np.float64),
@@ -283,7 +330,7 @@ def test_conv2d_every_config(cp, kernel_name):
                     configs = kernel.candidates(p) if (dtype in ("float32", "float16") or view != "contiguous") \
                         else kernel.candidates(p)[:1]
                     for cfg in configs:
-                        out = kernel.run(p, cfg, *arrays)
+                        out = kernel(p, cfg, *arrays)
                         ran += 1
                         assert out.shape == p.out_shape and out.dtype == xv.dtype
                         err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
@@ -294,7 +341,7 @@ def test_conv2d_every_config(cp, kernel_name):
 
 
 @pytest.mark.gpu
-def test_conv2d_strided_weight_and_misaligned_weight(cp):
+def test_conv2d_strided_weight_and_misaligned_weight(cp, cuda):
     rng = np.random.default_rng()
     xh = rng.standard_normal((2, 16, 9, 9)).astype(np.float16)
     wbig = rng.standard_normal((9, 16, 3, 3)).astype(np.float16)
@@ -303,8 +350,8 @@ def test_conv2d_strided_weight_and_misaligned_weight(cp):
                           wbig[:8])):
         for kname in ("igemm_mma", "igemm_simt"):
             kernel = next(k for k in conv.kernels() if k.name == f"cupy.conv2d.{kname}")
-            p = make_problem("conv2d", [cp.asarray(xh), wd], "float16", padding=1)
-            out = kernel.run(p, kernel.candidates(p)[0], cp.asarray(xh), wd)
+            p = make_problem("conv2d", [cp.asarray(xh), wd], "float16", cuda, padding=1)
+            out = kernel(p, kernel.candidates(p)[0], cp.asarray(xh), wd)
             ref = OPS["conv2d"].reference(xh.astype(np.float64), wh.astype(np.float64), padding=1)
             assert rel_err(cp.asnumpy(out), ref) <= TOLERANCE["float16"], (name, kname)
 

@@ -1,0 +1,228 @@
+"""How the CUDA matmul kernels of :mod:`opruntime_cupy.matmul` see a problem and launch on it.
+
+:func:`geometry` is the kernels' view of one problem (sizes, element strides, up to three batch
+dims merged where the strides allow, which operand layouts allow 128-bit loads); :func:`plan`
+compiles the variants a problem needs and lays out their launches; ``prepare`` (made by
+:func:`preparer`) turns a plan into ``launch(a, b) -> out``, the function the runtime keeps in its
+one launch cache. The table of kernels, their configs, ``supports`` and cost models are in
+``matmul.py``, which imports this module (never the other way).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from opruntime.kernels import Problem
+
+from . import compile, memory
+
+#: How the wgmma kernel describes an n-contiguous B (see matmul_wgmma.cu): checked on an H200,
+#: the other conventions give wrong results or an illegal address.
+WGMMA_B_DESC = {"B_LBO_MN": 1, "TNSP_B": 1}
+#: config keys that describe a config (for the cost model and names), not the source
+NOT_DEFINES = ("tile", "occ", "eff")
+MAX_GRID_Z = 65535
+
+
+# -- geometry: what the kernels need to know about one problem --------------------------------
+@dataclass(frozen=True)
+class Geometry:
+    """A matmul problem as the kernels index it (element strides; batch dims merged)."""
+
+    M: int
+    N: int
+    K: int
+    batch: int
+    sam: int  # A[m, k] at m * sam + k * sak (elements)
+    sak: int
+    sbk: int  # B[k, n] at k * sbk + n * sbn
+    sbn: int
+    dims: tuple[int, int, int]  # batch sizes (d2, d1, d0), d2 outermost
+    sa: tuple[int, int, int]  # A's batch strides, 0 for broadcast dims
+    sb: tuple[int, int, int]
+    a_kcontig: bool  # layout of A: k contiguous (else m) -- exact when vec_a, a hint otherwise
+    b_ncontig: bool
+    vec_a: bool  # vector loads possible (before the base-pointer check at run time)
+    vec_b: bool
+
+
+def geometry(problem: Problem, w: int) -> Geometry | None:
+    """The kernel's view of a matmul problem for vectors of ``w`` elements; None when the batch
+    dims do not fold into three. Computed afresh each time (microseconds, no cache to bound):
+    ``supports`` and ``cost`` run when a plan is made, never per call, and ``prepare`` keeps what
+    the launches need."""
+    (sha, shb), out = problem.shapes, problem.out_shape
+    sta, stb = problem.strides
+    if sta is None or stb is None:
+        return None
+    M, K, N = sha[-2], sha[-1], shb[-1]
+    dims: list[list[int]] = []  # [size, stride_a, stride_b], merged where both operands allow
+    for i, size in enumerate(out[:-2]):
+        if size == 1:
+            continue
+        sa = sta[i] if sha[i] != 1 else 0
+        sb = stb[i] if shb[i] != 1 else 0
+        if dims and dims[-1][1] == sa * size and dims[-1][2] == sb * size:
+            dims[-1] = [dims[-1][0] * size, sa, sb]
+        else:
+            dims.append([size, sa, sb])
+    if len(dims) > 3:
+        return None
+    dims = [[1, 0, 0]] * (3 - len(dims)) + dims
+    batch = math.prod(d[0] for d in dims)
+    a_k, vec_a, sam, sak = _layout(M, sta[-2], K, sta[-1], w)
+    b_k, vec_b, sbn, sbk = _layout(N, stb[-1], K, stb[-2], w)
+    vec_a = vec_a and all(d[1] % w == 0 for d in dims)
+    vec_b = vec_b and all(d[2] % w == 0 for d in dims)
+    return Geometry(M, N, K, batch, sam, sak, sbk, sbn, tuple(d[0] for d in dims),  # type: ignore[arg-type]
+                    tuple(d[1] for d in dims), tuple(d[2] for d in dims),  # type: ignore[arg-type]
+                    a_k, not b_k, vec_a, vec_b)
+
+
+def _layout(p: int, sp: int, k: int, sk: int, w: int) -> tuple[bool, bool, int, int]:
+    """Layout of an operand indexed (p, k) with strides (sp, sk): (k contiguous?, vector loads
+    possible?, sp, sk). A size-1 dim's stride is irrelevant, so it is normalised."""
+    if p == 1:
+        sp = k if sk == 1 else 1
+    if k == 1:
+        sk = p if sp == 1 else 1
+    if sk == 1 and k % w == 0 and sp % w == 0:
+        return True, True, sp, sk
+    if sp == 1 and p % w == 0 and sk % w == 0:
+        return False, True, sp, sk
+    return abs(sk) <= abs(sp), False, sp, sk
+
+
+# -- launch plans ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a plan: the function, its grid, block and dynamic shared memory, and
+    the ``GemmParams`` block (a NumPy structured scalar, passed by value)."""
+
+    fn: Any
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    params: Any
+
+
+#: struct GemmParams of matmul_common.cuh
+PARAMS = np.dtype([(n, np.int64) for n in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "z0", "d1", "d0",
+                                           "sa2", "sa1", "sa0", "sb2", "sb1", "sb0")])
+
+
+def plan(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool,
+         fallback: Mapping[str, Any] | None = None) -> tuple[list[Launch], list[Launch] | None]:
+    """(launches for 16-byte aligned bases, launches for any base or None when they are the
+    same), compiled for ``problem.device``. ``fallback``: for ``wgmma``, the ``mma`` config whose
+    any-stride variant serves misaligned bases."""
+    w = 4 if family == "simt" else 8
+    g = geometry(problem, w)
+    if g is None:
+        raise ValueError(f"cupy.matmul.{family}: the batch dims of {problem} do not fold into three")
+    dev = problem.device.provider.index
+    vec_a, vec_b = (g.vec_a, g.vec_b) if not generic else (False, False)
+    fast = _launches(family, problem, cfg, g, dev, vec_a, vec_b)
+    if family == "wgmma":  # misaligned bases: the mma kernel's any-stride variant
+        assert fallback is not None, "wgmma needs the mma config for misaligned bases"
+        return fast, _launches("mma", problem, fallback, g, dev, False, False)
+    slow = _launches(family, problem, cfg, g, dev, False, False) if (vec_a or vec_b) else None
+    return fast, slow
+
+
+def variant(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, vec_a: bool,
+            vec_b: bool) -> tuple[str, str, dict]:
+    """(source file, function name, defines) of one compiled variant."""
+    defines = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
+    defines.update(A_KCONTIG=g.a_kcontig, B_NCONTIG=g.b_ncontig, VEC_A=vec_a, VEC_B=vec_b)
+    if family == "simt":
+        return "matmul_sgemm.cu", "sgemm", defines
+    defines["BF16"] = problem.dtype == "bfloat16"
+    if family == "wgmma":
+        defines = {k: v for k, v in defines.items() if k not in ("A_KCONTIG", "VEC_A", "VEC_B")}
+        return "matmul_wgmma.cu", "hgemm_wgmma", {**defines, **WGMMA_B_DESC}
+    return "matmul_hgemm.cu", "hgemm", defines
+
+
+def variants_for(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool) -> list[tuple[str, dict]]:
+    """Every (file, defines) a run of this problem may need (to build them ahead, in parallel)."""
+    g = geometry(problem, 4 if family == "simt" else 8)
+    vec = (g.vec_a, g.vec_b) if not generic else (False, False)
+    out = [variant(family, problem, cfg, g, *vec)]
+    if any(vec):
+        out.append(variant(family, problem, cfg, g, False, False))
+    return [(f, d) for f, _, d in out]
+
+
+def _launches(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, dev: int,
+              vec_a: bool, vec_b: bool) -> list[Launch]:
+    file, name, defines = variant(family, problem, cfg, g, vec_a, vec_b)
+    arch = "90a" if family == "wgmma" else None
+    fn = compile.get_function(file, name, defines, dev, kernel=f"cupy.matmul.{family}", arch=arch)
+    bm, bn = cfg["BM"], cfg["BN"]
+    if family == "wgmma":  # warpgroups of 128 threads, 64 rows each; 1 KiB to align the stages
+        threads, smem = bm // 64 * 128, cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2 + 1024
+    else:
+        threads = (bm // cfg["WM"]) * (bn // cfg["WN"]) * 32
+        smem = 0 if family == "simt" else cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2
+    if smem > 48 * 1024:  # opt in to more than the default 48 KiB of dynamic shared memory
+        import cupy
+
+        with cupy.cuda.Device(dev):
+            fn.max_dynamic_shared_size_bytes = smem
+    tiles = -(-g.M // bm) * -(-g.N // bn)
+    out = []
+    for z0 in range(0, g.batch, MAX_GRID_Z):
+        nz = min(MAX_GRID_Z, g.batch - z0)
+        params = np.array((g.M, g.N, g.K, g.sam, g.sak, g.sbk, g.sbn, z0, g.dims[1], g.dims[2], *g.sa, *g.sb),
+                          dtype=PARAMS)[()]
+        out.append(Launch(fn, (tiles, 1, nz), (threads, 1, 1), smem, params))
+    return out
+
+
+def preparer(family: str, generic: bool, fallback: Mapping[str, Any] | None = None) \
+        -> Callable[[Problem, Mapping[str, Any]], Callable[[Any, Any], Any]]:
+    """The ``prepare`` of one kernel: compile and plan once, return ``launch(a, b) -> out``."""
+
+    def prepare(problem: Problem, config: Mapping[str, Any]) -> Callable[[Any, Any], Any]:
+        import cupy
+
+        fast, slow = plan(family, problem, config, generic, fallback)
+        dev = problem.device.provider.index
+        shape, what = problem.out_shape, f"matmul {problem}"
+        getdev, empty = cupy.cuda.runtime.getDevice, memory.empty
+
+        def launch(a: Any, b: Any) -> Any:
+            if getdev() != dev:
+                with cupy.cuda.Device(dev):
+                    return launch(a, b)
+            # vector loads need 16-byte aligned bases: a view's offset may break that per call
+            launches = slow if slow is not None and (a.data.ptr | b.data.ptr) & 15 else fast
+            out = empty(shape, a.dtype, what)
+            for ln in launches:
+                ln.fn(ln.grid, ln.block, (a, b, out, ln.params), shared_mem=ln.smem)
+            return out
+
+        return launch
+
+    prepare.__name__ = f"prepare_{family}{'_generic' if generic else ''}"
+    return prepare
+
+
+def run_cublas(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:
+    """cuBLAS through ``cupy.matmul``: nothing to prepare, so a plain ``run``."""
+    import cupy
+
+    try:
+        if a.data.device_id != cupy.cuda.runtime.getDevice():
+            with memory.on_device(a):
+                return cupy.matmul(a, b)
+        return cupy.matmul(a, b)
+    except cupy.cuda.memory.OutOfMemoryError as exc:
+        raise memory._oom(f"matmul {problem} (cuBLAS)", math.prod(problem.out_shape) * a.dtype.itemsize,
+                          exc) from exc
