@@ -7,6 +7,9 @@
 //                `tab` (per k = (c, i, j): the offset c*H*W + i*dh*W + j*dw and the tap's dy, dx).
 //                Tile TM x TN x TK, WPTM x WPTN outputs per work-item; work-group (TN/WPTN, TM/WPTM).
 //   conv_direct: one output per work-item, a plain loop over (c, i, j): the simple baseline.
+//
+// Both multiply padded taps' zeros in (as the reference does) rather than skip them, so a
+// non-finite weight gives NaN at the borders on every device.
 
 #define CONV_ARGS                                                                                   \
     __global const T *x, const long xoff, __global const T *w, const long woff, __global const T *bias, \
@@ -104,10 +107,13 @@ __kernel void conv_direct(CONV_ARGS, const int kh, const int kw, const int dh, c
         __global const T* wc = w + woff + ((long)o * Cg + c) * kh * kw;
         for (int i = 0; i < kh; i++) {
             int iy = oy * sh - pt + i * dh;
-            if (iy < 0 || iy >= H) continue;
+            bool row_in = iy >= 0 && iy < H;
             for (int j = 0; j < kw; j++) {
                 int ix = ox * sw - pl + j * dw;
-                if (ix >= 0 && ix < W) acc += (ACC)xc[(long)iy * W + ix] * (ACC)wc[i * kw + j];
+                // a padded tap still multiplies its zero in: 0 * inf must give NaN here as in
+                // the reference (and in conv_igemm, whose tiles hold the zeros)
+                ACC v = (row_in && ix >= 0 && ix < W) ? (ACC)xc[(long)iy * W + ix] : (ACC)0;
+                acc += v * (ACC)wc[i * kw + j];
             }
         }
     }

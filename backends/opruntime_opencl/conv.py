@@ -5,7 +5,7 @@ every attribute: stride, 4-sided padding, dilation, groups and bias."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,8 +13,9 @@ import numpy as np
 from opruntime.kernels import Kernel, Problem, itemsize
 
 from . import compile as cl_compile
+from .compile import BUFFER
 from .matmul import TYPES
-from .memory import OpenCLDevice, element_offset, kernel_dtypes, provider
+from .memory import OpenCLDevice, kernel_dtypes
 
 #: Implicit-GEMM tiles: TM output channels x TN output pixels x TK reduction, WPTM x WPTN
 #: outputs per work-item. Narrow-TM tiles serve depthwise / few-channel groups.
@@ -31,36 +32,67 @@ DIRECT_CONFIGS: tuple[dict[str, int], ...] = (dict(WG=128),)
 def kernels() -> list[Kernel]:
     src, dtypes = cl_compile.source("conv.cl"), kernel_dtypes()
     return [
-        #       op        name                        kind      dtypes  run
-        Kernel("conv2d", "opencl.conv2d.igemm", "opencl", dtypes, run_igemm, supports=supports_igemm,
+        #       op        name                        kind      dtypes
+        Kernel("conv2d", "opencl.conv2d.igemm", "opencl", dtypes, prepare=prepare_igemm, supports=supports_igemm,
                cost=igemm_cost, configs=IGEMM_CONFIGS, config_for=igemm_configs, source=src),
-        Kernel("conv2d", "opencl.conv2d.direct", "opencl", dtypes, run_direct, supports=supports,
+        Kernel("conv2d", "opencl.conv2d.direct", "opencl", dtypes, prepare=prepare_direct, supports=supports,
                cost=direct_cost, configs=DIRECT_CONFIGS, config_for=direct_configs, source=src),
     ]
 
 
-def _common(problem: Problem, x: Any, w: Any, bias: Any) -> tuple[OpenCLDevice, Any, list[Any]]:
-    """Contiguous operands, the output, and the arguments both kernels share."""
-    dev = provider(problem.device)
+#: The arguments both kernels share (CONV_ARGS in conv.cl): x, xoff, w, woff, bias, boff, has_bias,
+#: y, then N C H W O Ho Wo Og Cg sh sw pt pl.
+SIGNATURE = (BUFFER, np.int64, BUFFER, np.int64, BUFFER, np.int64, np.int32, BUFFER) + (np.int32,) * 13
+
+
+def _shape_args(problem: Problem) -> tuple[int, ...]:
+    """N C H W O Ho Wo Og Cg sh sw pt pl: the problem's part of the shared arguments."""
     n, c, h, wd = problem.shapes[0]
     o, cg = problem.shapes[1][:2]
     _, _, ho, wo = problem.out_shape
-    g = problem.attrs["groups"]
     (sh, sw), (pt, _, pl, _) = problem.attrs["stride"], problem.attrs["padding"]
-    x = x if x.flags.c_contiguous else dev.contiguous(x)
-    w = w if w.flags.c_contiguous else dev.contiguous(w)
-    if bias is not None and not bias.flags.c_contiguous:
-        bias = dev.contiguous(bias)
-    out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
-    b = bias if bias is not None else w
-    i32 = np.int32
-    args = [x.base_data, np.int64(element_offset(x)), w.base_data, np.int64(element_offset(w)), b.base_data,
-            np.int64(element_offset(b)), i32(bias is not None), out.base_data,
-            *map(i32, (n, c, h, wd, o, ho, wo, o // g, cg, sh, sw, pt, pl))]
-    return dev, out, args
+    return n, c, h, wd, o, ho, wo, o // problem.attrs["groups"], cg, sh, sw, pt, pl
 
 
-_tables: dict[tuple, Any] = {}
+def _launcher(problem: Problem, run: cl_compile.Launch, tail: tuple[Any, ...]) -> Callable[..., Any]:
+    """``launch(x, w, bias=None)``: gather strided operands, allocate the result, enqueue ``run``
+    with the shared arguments and the kernel's own ``tail``."""
+    dev = problem.device.provider
+    shape, dtype, dims = problem.out_shape, np.dtype(problem.dtype), _shape_args(problem)
+
+    def launch(x: Any, w: Any, bias: Any = None) -> Any:
+        x = x if x.flags.c_contiguous else dev.contiguous(x)
+        w = w if w.flags.c_contiguous else dev.contiguous(w)
+        if bias is not None and not bias.flags.c_contiguous:
+            bias = dev.contiguous(bias)
+        b = bias if bias is not None else w  # a valid buffer the kernel never reads
+        out = dev.empty(shape, dtype)
+        size = x.dtype.itemsize
+        run(x.base_data, x.offset // size, w.base_data, w.offset // size, b.base_data, b.offset // size,
+            bias is not None, out.base_data, *dims, *tail)
+        return out
+
+    return launch
+
+
+def _defines(problem: Problem, extra: Mapping[str, int]) -> dict[str, Any]:
+    t, acc, ext = TYPES[problem.dtype]
+    return {"T": t, "ACC": acc, **ext, **extra}
+
+
+def prepare_igemm(problem: Problem, config: Mapping[str, int]) -> Callable[..., Any]:
+    """Build the implicit GEMM for ``problem`` with tile ``config``, and its gather table."""
+    dev = problem.device.provider
+    o, cg, kh, kw = problem.shapes[1]
+    g = problem.attrs["groups"]
+    n, _, ho, wo = problem.out_shape
+    knl = cl_compile.kernel(dev, cl_compile.source("conv.cl"), _defines(problem, config), "conv_igemm",
+                            label="opencl.conv2d.igemm")
+    rtm, rtn = config["TM"] // config["WPTM"], config["TN"] // config["WPTN"]
+    gsize = (-(-n * ho * wo // config["TN"]) * rtn, -(-(o // g) // config["TM"]) * rtm, g)
+    run = cl_compile.Launch(dev, knl, (rtn, rtm, 1), (*SIGNATURE, BUFFER, np.int32), gsize)
+    table = _table(dev, problem)  # the launcher keeps it alive (and frees it with itself)
+    return _launcher(problem, run, (table.base_data, cg * kh * kw))
 
 
 def _table(dev: OpenCLDevice, problem: Problem) -> Any:
@@ -68,38 +100,21 @@ def _table(dev: OpenCLDevice, problem: Problem) -> Any:
     _, cg, kh, kw = problem.shapes[1]
     h, wd = problem.shapes[0][2:]
     dh, dw = problem.attrs["dilation"]
-    key = (dev.name, cg, kh, kw, h, wd, dh, dw)
-    buf = _tables.get(key)
-    if buf is None:
-        c, i, j = np.meshgrid(np.arange(cg), np.arange(kh), np.arange(kw), indexing="ij")
-        tab = np.stack([c * h * wd + i * dh * wd + j * dw, i * dh, j * dw, np.zeros_like(c)], -1)
-        if len(_tables) > 256:
-            _tables.clear()
-        buf = _tables[key] = dev.from_host(np.ascontiguousarray(tab.reshape(-1, 4), np.int32))
-    return buf
+    c, i, j = np.meshgrid(np.arange(cg), np.arange(kh), np.arange(kw), indexing="ij")
+    tab = np.stack([c * h * wd + i * dh * wd + j * dw, i * dh, j * dw, np.zeros_like(c)], -1)
+    return dev.from_host(np.ascontiguousarray(tab.reshape(-1, 4), np.int32))
 
 
-def run_igemm(problem: Problem, config: Mapping[str, int], x: Any, w: Any, bias: Any = None) -> Any:
-    dev, out, args = _common(problem, x, w, bias)
-    o, cg, kh, kw = problem.shapes[1]
-    g = problem.attrs["groups"]
-    n, _, ho, wo = problem.out_shape
-    defines = {"T": TYPES[problem.dtype][0], "ACC": TYPES[problem.dtype][1], **TYPES[problem.dtype][2], **config}
-    knl = cl_compile.kernel(dev, cl_compile.source("conv.cl"), defines, "conv_igemm", label="opencl.conv2d.igemm")
-    rtm, rtn = config["TM"] // config["WPTM"], config["TN"] // config["WPTN"]
-    gsize = (-(-n * ho * wo // config["TN"]) * rtn, -(-(o // g) // config["TM"]) * rtm, g)
-    dev.launch(knl, gsize, (rtn, rtm, 1), *args, _table(dev, problem).base_data, np.int32(cg * kh * kw))
-    return out
-
-
-def run_direct(problem: Problem, config: Mapping[str, int], x: Any, w: Any, bias: Any = None) -> Any:
-    dev, out, args = _common(problem, x, w, bias)
+def prepare_direct(problem: Problem, config: Mapping[str, int]) -> Callable[..., Any]:
+    """Build the one-output-per-work-item kernel for ``problem``."""
+    dev = problem.device.provider
     kh, kw = problem.shapes[1][2:]
     dh, dw = problem.attrs["dilation"]
-    defines = {"T": TYPES[problem.dtype][0], "ACC": TYPES[problem.dtype][1], **TYPES[problem.dtype][2], "DIRECT": 1}
-    knl = cl_compile.kernel(dev, cl_compile.source("conv.cl"), defines, "conv_direct", label="opencl.conv2d.direct")
-    dev.launch(knl, (math.prod(problem.out_shape),), (config["WG"],), *args, *map(np.int32, (kh, kw, dh, dw)))
-    return out
+    knl = cl_compile.kernel(dev, cl_compile.source("conv.cl"), _defines(problem, {"DIRECT": 1}), "conv_direct",
+                            label="opencl.conv2d.direct")
+    run = cl_compile.Launch(dev, knl, (config["WG"],), (*SIGNATURE, *(np.int32,) * 4),
+                            (math.prod(problem.out_shape),))
+    return _launcher(problem, run, (kh, kw, dh, dw))
 
 
 # -- configs and costs -------------------------------------------------------------------------
@@ -112,7 +127,7 @@ def igemm_fits(dev: OpenCLDevice, cfg: Mapping[str, int], dtype: str) -> bool:
 
 
 def supports(problem: Problem) -> bool:
-    return provider(problem.device).dtype_ok(problem.dtype)
+    return problem.device.provider.dtype_ok(problem.dtype)
 
 
 def supports_igemm(problem: Problem) -> bool:
@@ -139,28 +154,28 @@ def _bytes(problem: Problem) -> float:
 
 
 def igemm_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     g, og, kc, p = _sizes(problem)
     def up(n: int, t: int) -> int:
         return -(-n // t) * t
 
     padded = g * up(og, cfg["TM"]) * up(kc, cfg["TK"]) * up(p, cfg["TN"])
     area = cfg["TM"] * cfg["TN"]
-    eff = (0.3 if dev.is_gpu else 0.12) * min(1.0, 0.5 + area / 16384)
+    eff = (0.3 if dev.accelerator else 0.12) * min(1.0, 0.5 + area / 16384)
     tiles = g * -(-og // cfg["TM"]) * -(-p // cfg["TN"])
-    fill = max(1.0, dev.compute_units * (2 if dev.is_gpu else 1) / tiles)
+    fill = max(1.0, dev.compute_units * (2 if dev.accelerator else 1) / tiles)
     dt = 2.0 if problem.dtype == "float64" else 1.0
     return max(2.0 * padded * dt * fill / (eff * dev.flops), _bytes(problem) / dev.bandwidth) + dev.launch_s
 
 
 def direct_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
-    dev = provider(problem.device)
-    eff = 0.04 if dev.is_gpu else 0.03
+    dev = problem.device.provider
+    eff = 0.04 if dev.accelerator else 0.03
     return max(_flops(problem) / (eff * dev.flops), _bytes(problem) / dev.bandwidth) + dev.launch_s
 
 
 def igemm_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     cpu_menu = IGEMM_CONFIGS[:1] + IGEMM_CONFIGS[3:4]  # a wide and a narrow tile: each is a slow PoCL compile
     menu = cpu_menu if dev.type == "cpu" else IGEMM_CONFIGS
     fit = [c for c in menu if igemm_fits(dev, c, problem.dtype)]
@@ -168,5 +183,5 @@ def igemm_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
 
 
 def direct_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     return [c for c in DIRECT_CONFIGS if c["WG"] <= dev.max_wg]

@@ -1,6 +1,8 @@
 // C = A @ B for row-major A (M x K, row stride lda) and B (K x N, row stride ldb); C is a fresh
-// contiguous M x N. Batches run along grid dim 2; aoff[b] / boff[b] are each batch's element
-// offsets (broadcast batch dims repeat an offset), so any broadcast or batch stride works.
+// contiguous M x N. Batches run along grid dim 2; a0 + aoff[b] / b0 + boff[b] are each batch's
+// element offsets: a0 / b0 the view's start, aoff / boff each batch's step from it (broadcast
+// batch dims repeat one), so any broadcast or batch stride works and the step tables depend on
+// the layout only, not on where a view starts.
 //
 // Build options: T (element type), ACC (accumulator type), USE_FP64 / USE_FP16 (extensions).
 //   gemm_tiled:  TSM, TSN, TSK (the work-group's tile), WPTM, WPTN (the outputs each work-item
@@ -119,16 +121,16 @@ inline void store_tiles(LOCAL_PTR AST* as, LOCAL_PTR VT* bs, const VT* ra, const
 
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void gemm_tiled(const int M, const int N, const int K,
-                __global const T* A, __global const long* aoff, const int lda, const int a_vec,
-                __global const T* B, __global const long* boff, const int ldb, const int b_vec,
+                __global const T* A, __global const long* aoff, const long a0, const int lda, const int a_vec,
+                __global const T* B, __global const long* boff, const long b0, const int ldb, const int b_vec,
                 __global T* C, const int c_vec) {
     __local AST As[STAGES * A_TILE] __attribute__((aligned(sizeof(VT))));
     __local VT Bs[STAGES * TSK * NV];
 
     const int lx = get_local_id(0), ly = get_local_id(1), tid = ly * RTSN + lx;
     const int n0 = get_group_id(0) * TSN, m0 = get_group_id(1) * TSM, batch = get_group_id(2);
-    A += aoff[batch] + (long)m0 * lda;
-    B += boff[batch] + n0;
+    A += a0 + aoff[batch] + (long)m0 * lda;
+    B += b0 + boff[batch] + n0;
     C += (long)batch * M * N;
 
     ACC acc[WPTM][WPTN];
@@ -230,14 +232,14 @@ void gemm_tiled(const int M, const int N, const int K,
 #ifdef TS  // ----------------------------------------------------------------- gemm_simple
 __kernel __attribute__((reqd_work_group_size(TS, TS, 1)))
 void gemm_simple(const int M, const int N, const int K,
-                 __global const T* A, __global const long* aoff, const int lda,
-                 __global const T* B, __global const long* boff, const int ldb, __global T* C) {
+                 __global const T* A, __global const long* aoff, const long a0, const int lda,
+                 __global const T* B, __global const long* boff, const long b0, const int ldb, __global T* C) {
     __local T As[TS][TS];
     __local T Bs[TS][TS];
     const int lx = get_local_id(0), ly = get_local_id(1);
     const int col = get_global_id(0), row = get_global_id(1), batch = get_group_id(2);
-    A += aoff[batch];
-    B += boff[batch];
+    A += a0 + aoff[batch];
+    B += b0 + boff[batch];
     ACC acc = (ACC)0;
     for (int k0 = 0; k0 < K; k0 += TS) {
         As[ly][lx] = (row < M && k0 + lx < K) ? A[(long)row * lda + k0 + lx] : (T)0;
@@ -265,12 +267,12 @@ void gemm_simple(const int M, const int N, const int K,
 #define TO_VT CAT2(convert_, VEC_T)
 
 __kernel void gemm_vector(const int M, const int N, const int K,
-                          __global const T* A, __global const long* aoff, const int lda,
-                          __global const T* B, __global const long* boff, const int ldb, __global T* C) {
+                          __global const T* A, __global const long* aoff, const long a0, const int lda,
+                          __global const T* B, __global const long* boff, const long b0, const int ldb, __global T* C) {
     const int n0 = get_global_id(0) * (NRV * VW), m0 = get_global_id(1) * MR, batch = get_global_id(2);
     if (n0 >= N || m0 >= M) return;
-    A += aoff[batch];
-    B += boff[batch];
+    A += a0 + aoff[batch];
+    B += b0 + boff[batch];
     C += (long)batch * M * N;
     __global const T* arow[MR];
     #pragma unroll

@@ -9,26 +9,27 @@ and batch strides; other views (a transpose) are first gathered into a contiguou
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from opruntime.kernels import Kernel, Problem, itemsize
+from opruntime.kernels import Kernel, Problem, c_strides, itemsize
 
 from . import compile as cl_compile
-from .memory import OpenCLDevice, elem_strides, element_offset, kernel_dtypes, provider
+from .compile import BUFFER
+from .memory import OpenCLDevice, elem_strides, kernel_dtypes
 
 
 def kernels() -> list[Kernel]:
     src, dtypes = cl_compile.source("matmul.cl"), kernel_dtypes()
     return [
-        #       op        name                         kind      dtypes  run
-        Kernel("matmul", "opencl.matmul.tiled", "opencl", dtypes, run_tiled, supports=supports_tiled,
+        #       op        name                         kind      dtypes
+        Kernel("matmul", "opencl.matmul.tiled", "opencl", dtypes, prepare=prepare_tiled, supports=supports_tiled,
                cost=tiled_cost, configs=TILED_CONFIGS, config_for=tiled_configs, source=src),
-        Kernel("matmul", "opencl.matmul.vector", "opencl", dtypes, run_vector, supports=supports_vector,
+        Kernel("matmul", "opencl.matmul.vector", "opencl", dtypes, prepare=prepare_vector, supports=supports_vector,
                cost=vector_cost, configs=VECTOR_CONFIGS, config_for=vector_configs, source=src),
-        Kernel("matmul", "opencl.matmul.simple", "opencl", dtypes, run_simple, supports=supports_simple,
+        Kernel("matmul", "opencl.matmul.simple", "opencl", dtypes, prepare=prepare_simple, supports=supports_simple,
                cost=simple_cost, configs=SIMPLE_CONFIGS, config_for=simple_configs, source=src),
     ]
 
@@ -72,87 +73,129 @@ def defines(dtype: str, config: Mapping[str, int]) -> dict[str, Any]:
 
 
 # -- operands --------------------------------------------------------------------------------
-_offsets: dict[tuple, Any] = {}
+class _Layout:
+    """How the kernels read an operand (..., R, C) of one layout (its strides; not where it
+    starts, which varies per call): as row-major matrices with row stride ``ld``, batch ``b``
+    at ``steps[b]`` elements from the view's start.
+
+    Attributes:
+        strides: the layout's strides in bytes (what a call's array is compared with).
+        copy: the matrices are not row-major (a transpose): gather a contiguous copy first.
+        ld: row stride in elements (of the copy when ``copy``).
+        steps: each output batch's element offset from the view's start, on the device
+            (broadcast dims repeat one).
+        align: gcd of ``ld`` and the steps: loads are ``vw``-wide when ``vw`` divides it and the
+            view's start.
+    """
+
+    __slots__ = ("align", "copy", "ld", "steps", "strides")
+
+    def __init__(self, dev: OpenCLDevice, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
+                 batch: tuple[int, ...]) -> None:
+        self.strides = tuple(s * itemsize for s in strides)
+        r, c = shape[-2:]
+        self.copy = c > 1 and strides[-1] != 1
+        if self.copy:
+            strides = c_strides(shape)
+        self.ld = strides[-2] if r > 1 else max(c, 1)
+        steps = np.zeros(max(math.prod(batch), 1), np.int64)
+        if batch:
+            idx = np.indices(batch).reshape(len(batch), -1)
+            lead = len(batch) - len(shape[:-2])  # batch dims align from the right, as in broadcasting
+            for d, (n, st) in enumerate(zip(shape[:-2], strides[:-2])):
+                if n != 1:
+                    steps += idx[lead + d] * st
+        self.align = math.gcd(self.ld, *map(int, np.unique(steps)))
+        self.steps = dev.from_host(steps)
 
 
-def _matrix(dev: OpenCLDevice, x: Any) -> tuple[Any, int]:
-    """``x`` (..., R, C) readable as row-major matrices: (array, row stride in elements)."""
-    r, c = x.shape[-2:]
-    st = elem_strides(x)
-    if c > 1 and st[-1] != 1:
-        x = dev.contiguous(x)
-        st = elem_strides(x)
-    return x, (st[-2] if r > 1 else max(c, 1))
+def _launcher(problem: Problem, body: Callable[..., None]) -> Callable[[Any, Any], Any]:
+    """``launch(a, b)``: each operand read in place or gathered, the result allocated, then
+    ``body(a, a0, la, b, b0, lb, out)`` enqueues the kernel (``a0``: the view's start in
+    elements, ``la``: its :class:`_Layout`).
+
+    The layouts come from the problem's strides, once; an array whose strides differ from the
+    problem's (an operand the frontend cast: a contiguous copy of a strided view) gets its own
+    layout worked out for that call.
+    """
+    dev = problem.device.provider
+    shape, dtype = problem.out_shape, np.dtype(problem.dtype)
+    batch, size = shape[:-2], dtype.itemsize
+    layouts = [_Layout(dev, s, st if st is not None else c_strides(s), size, batch)
+               for s, st in zip(problem.shapes, problem.strides)]
+
+    def operand(i: int, x: Any) -> tuple[Any, int, _Layout]:
+        lay = layouts[i]
+        if x.strides != lay.strides:
+            lay = _Layout(dev, x.shape, elem_strides(x), size, batch)
+        if lay.copy:
+            x = dev.contiguous(x)
+        return x, x.offset // size, lay
+
+    def launch(a: Any, b: Any) -> Any:
+        a, a0, la = operand(0, a)
+        b, b0, lb = operand(1, b)
+        out = dev.empty(shape, dtype)
+        body(a, a0, la, b, b0, lb, out)
+        return out
+
+    return launch
 
 
-def _batch_offsets(dev: OpenCLDevice, x: Any, batch: tuple[int, ...]) -> tuple[Any, np.ndarray]:
-    """Each output batch's element offset into ``x`` (broadcast dims repeat), as a device array."""
-    bshape, bstr = x.shape[:-2], elem_strides(x)[:-2]
-    offs = np.full(max(math.prod(batch), 1), element_offset(x), np.int64)
-    if batch:
-        idx = np.indices(batch).reshape(len(batch), -1)
-        lead = len(batch) - len(bshape)  # batch dims align from the right, as in broadcasting
-        for d, (n, s) in enumerate(zip(bshape, bstr)):
-            if n != 1:
-                offs += idx[lead + d] * s
-    key = (dev.name, offs.tobytes())
-    buf = _offsets.get(key)
-    if buf is None:
-        if len(_offsets) > 256:
-            _offsets.clear()
-        buf = _offsets[key] = dev.from_host(offs)
-    return buf, offs
+#: gemm_simple's and gemm_vector's arguments: M N K, A aoff a0 lda, B boff b0 ldb, C.
+SIGNATURE = (np.int32,) * 3 + (BUFFER, BUFFER, np.int64, np.int32) * 2 + (BUFFER,)
+#: gemm_tiled's: M N K, A aoff a0 lda a_vec, B boff b0 ldb b_vec, C c_vec.
+TILED_SIGNATURE = (np.int32,) * 3 + (BUFFER, BUFFER, np.int64, np.int32, np.int32) * 2 + (BUFFER, np.int32)
 
 
-def _prepare(problem: Problem, a: Any, b: Any) -> tuple:
-    dev = provider(problem.device)
-    (m, k), n = problem.shapes[0][-2:], problem.shapes[1][-1]
-    batch = problem.out_shape[:-2]
-    a, lda = _matrix(dev, a)
-    b, ldb = _matrix(dev, b)
-    aoff, ha = _batch_offsets(dev, a, batch)
-    boff, hb = _batch_offsets(dev, b, batch)
-    out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
-    return dev, m, n, k, max(math.prod(batch), 1), a, lda, aoff, ha, b, ldb, boff, hb, out
-
-
-def run_tiled(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> Any:
-    dev, m, n, k, nb, a, lda, aoff, ha, b, ldb, boff, hb, out = _prepare(problem, a, b)
-    vw = config["VW"]
-    a_vec = lda % vw == 0 and not (ha % vw).any()
-    b_vec = ldb % vw == 0 and not (hb % vw).any()
+def prepare_tiled(problem: Problem, config: Mapping[str, int]) -> Callable[[Any, Any], Any]:
+    """Build tile ``config`` of the tiled GEMM for ``problem``."""
+    dev = problem.device.provider
+    m, n, k, nb = _dims(problem)
     knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines(problem.dtype, config), "gemm_tiled",
-                       label="opencl.matmul.tiled")
+                            label="opencl.matmul.tiled")
     rtsm, rtsn = config["TSM"] // config["WPTM"], config["TSN"] // config["WPTN"]
     gsize = (-(-n // config["TSN"]) * rtsn, -(-m // config["TSM"]) * rtsm, nb)
-    i32 = np.int32
-    dev.launch(knl, gsize, (rtsn, rtsm, 1), i32(m), i32(n), i32(k),
-               a.base_data, aoff.base_data, i32(lda), i32(a_vec),
-               b.base_data, boff.base_data, i32(ldb), i32(b_vec), out.base_data, i32(n % vw == 0))
-    return out
+    run = cl_compile.Launch(dev, knl, (rtsn, rtsm, 1), TILED_SIGNATURE, gsize)
+    vw = config["VW"]
+    c_vec = n % vw == 0
+
+    def body(a: Any, a0: int, la: _Layout, b: Any, b0: int, lb: _Layout, out: Any) -> None:
+        run(m, n, k, a.base_data, la.steps.base_data, a0, la.ld, la.align % vw == 0 and a0 % vw == 0,
+            b.base_data, lb.steps.base_data, b0, lb.ld, lb.align % vw == 0 and b0 % vw == 0, out.base_data, c_vec)
+
+    return _launcher(problem, body)
 
 
-def run_simple(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> Any:
-    dev, m, n, k, nb, a, lda, aoff, _, b, ldb, boff, _, out = _prepare(problem, a, b)
+def prepare_simple(problem: Problem, config: Mapping[str, int]) -> Callable[[Any, Any], Any]:
+    """Build the one-output-per-work-item GEMM (tile ``config["TS"]``) for ``problem``."""
+    dev = problem.device.provider
+    m, n, k, nb = _dims(problem)
     ts = config["TS"]
     knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines(problem.dtype, config), "gemm_simple",
-                       label="opencl.matmul.simple")
-    i32 = np.int32
-    dev.launch(knl, (n, m, nb), (ts, ts, 1), i32(m), i32(n), i32(k), a.base_data, aoff.base_data, i32(lda),
-               b.base_data, boff.base_data, i32(ldb), out.base_data)
-    return out
+                            label="opencl.matmul.simple")
+    return _launcher(problem, _plain(cl_compile.Launch(dev, knl, (ts, ts, 1), SIGNATURE, (n, m, nb)), m, n, k))
 
 
-def run_vector(problem: Problem, config: Mapping[str, int], a: Any, b: Any) -> Any:
-    dev, m, n, k, nb, a, lda, aoff, _, b, ldb, boff, _, out = _prepare(problem, a, b)
+def prepare_vector(problem: Problem, config: Mapping[str, int]) -> Callable[[Any, Any], Any]:
+    """Build the SIMD-vector GEMM (``config``: MR x NRV vectors per work-item) for ``problem``."""
+    dev = problem.device.provider
+    m, n, k, nb = _dims(problem)
     vw = vector_width(problem.dtype)
     defines_ = {**defines(problem.dtype, {}), "MR": config["MR"], "NRV": config["NRV"], "VW": vw}
     knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines_, "gemm_vector", label="opencl.matmul.vector")
-    i32 = np.int32
-    dev.launch(knl, (-(-n // (config["NRV"] * vw)), -(-m // config["MR"]), nb), (config["WGX"], config["WGY"], 1),
-               i32(m), i32(n), i32(k), a.base_data, aoff.base_data, i32(lda), b.base_data, boff.base_data, i32(ldb),
-               out.base_data)
-    return out
+    gsize = (-(-n // (config["NRV"] * vw)), -(-m // config["MR"]), nb)
+    run = cl_compile.Launch(dev, knl, (config["WGX"], config["WGY"], 1), SIGNATURE, gsize)
+    return _launcher(problem, _plain(run, m, n, k))
+
+
+def _plain(run: cl_compile.Launch, m: int, n: int, k: int) -> Callable[..., None]:
+    """The body of a kernel with :data:`SIGNATURE` arguments."""
+    def body(a: Any, a0: int, la: _Layout, b: Any, b0: int, lb: _Layout, out: Any) -> None:
+        run(m, n, k, a.base_data, la.steps.base_data, a0, la.ld, b.base_data, lb.steps.base_data, b0, lb.ld,
+            out.base_data)
+
+    return body
 
 
 def vector_width(dtype: str) -> int:
@@ -187,7 +230,7 @@ def _gemm_time(problem: Problem, dev: OpenCLDevice, tm: int, tn: int, tk: int, e
     slots = dev.compute_units * slots_per_cu
     waves = -(-tiles // slots)
     tile_flops = 2.0 * tm * tn * -(-k // tk) * tk
-    compute = waves * tile_flops * slots / (eff * dev.flops * (1.0 if dev.is_gpu else 2.0 / slots_per_cu))
+    compute = waves * tile_flops * slots / (eff * dev.flops * (1.0 if dev.accelerator else 2.0 / slots_per_cu))
     nbytes = (m * k + k * n + m * n) * nb * itemsize(problem.dtype)
     copies = 0.0 if problem.contiguous else nbytes / dev.bandwidth
     dt = 2.0 if problem.dtype == "float64" else 1.0
@@ -195,28 +238,28 @@ def _gemm_time(problem: Problem, dev: OpenCLDevice, tm: int, tn: int, tk: int, e
 
 
 def tiled_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     area = cfg["TSM"] * cfg["TSN"]
-    eff = (0.55 if dev.is_gpu else 0.08) * min(1.0, 0.55 + area / 36000) * (1.0 if cfg["VW"] == 4 else 0.8)
-    slots = max(1, min(4, 512 // ((cfg["TSM"] // cfg["WPTM"]) * (cfg["TSN"] // cfg["WPTN"])))) if dev.is_gpu else 1
+    eff = (0.55 if dev.accelerator else 0.08) * min(1.0, 0.55 + area / 36000) * (1.0 if cfg["VW"] == 4 else 0.8)
+    slots = max(1, min(4, 512 // ((cfg["TSM"] // cfg["WPTM"]) * (cfg["TSN"] // cfg["WPTN"])))) if dev.accelerator else 1
     return _gemm_time(problem, dev, cfg["TSM"], cfg["TSN"], cfg["TSK"], eff, slots)
 
 
 def simple_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     ts = cfg["TS"]
-    return _gemm_time(problem, dev, ts, ts, ts, 0.1 if dev.is_gpu else 0.08, 4 if dev.is_gpu else 1)
+    return _gemm_time(problem, dev, ts, ts, ts, 0.1 if dev.accelerator else 0.08, 4 if dev.accelerator else 1)
 
 
 def vector_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     """SIMD code without local memory: near a CPU's peak, poor on a GPU (uncoalesced, no reuse)."""
-    dev = provider(problem.device)
+    dev = problem.device.provider
     m, n, k, nb = _dims(problem)
     vw = vector_width(problem.dtype)
     rows, cols = cfg["MR"], cfg["NRV"] * vw
     waste = (-(-m // rows) * rows * -(-n // cols) * cols) / (m * n)
     ragged = 1.0 + 4.0 * (n % cols) / max(n, 1)  # the last column block runs scalar
-    eff = 0.01 if dev.is_gpu else 0.8 * (1.0 if rows * cfg["NRV"] >= 8 else 0.8)
+    eff = 0.01 if dev.accelerator else 0.8 * (1.0 if rows * cfg["NRV"] >= 8 else 0.8)
     dt = 2.0 if problem.dtype == "float64" else 1.0
     flops = 2.0 * m * n * k * nb * waste * ragged * dt
     nbytes = (m * k + k * n + m * n) * nb * itemsize(problem.dtype)
@@ -225,7 +268,7 @@ def vector_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
 
 
 def vector_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     fit = [c for c in VECTOR_CONFIGS if c["WGX"] * c["WGY"] <= dev.max_wg]
     return sorted(fit, key=lambda c: vector_cost(problem, c))
 
@@ -233,24 +276,24 @@ def vector_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
 def supports_vector(problem: Problem) -> bool:
     """CPU devices only: on a GPU it reads uncoalesced and reuses nothing (the tiled kernel is
     the GPU one)."""
-    dev = provider(problem.device)
+    dev = problem.device.provider
     return dev.type == "cpu" and dev.dtype_ok(problem.dtype) and bool(vector_configs(problem))
 
 
 def tiled_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     fit = [c for c in (CPU_TILED if dev.type == "cpu" else GPU_TILED) if tiled_fits(dev, c, problem.dtype)]
     return sorted(fit, key=lambda c: tiled_cost(problem, c))
 
 
 def simple_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     return [c for c in SIMPLE_CONFIGS if simple_fits(dev, c, problem.dtype)]
 
 
 def supports_tiled(problem: Problem) -> bool:
-    return provider(problem.device).dtype_ok(problem.dtype) and bool(tiled_configs(problem))
+    return problem.device.provider.dtype_ok(problem.dtype) and bool(tiled_configs(problem))
 
 
 def supports_simple(problem: Problem) -> bool:
-    return provider(problem.device).dtype_ok(problem.dtype) and bool(simple_configs(problem))
+    return problem.device.provider.dtype_ok(problem.dtype) and bool(simple_configs(problem))

@@ -3,14 +3,17 @@
 Native data is a ``pyopencl.array.Array`` allocated from a per-device memory pool. Views that
 pyopencl makes (``a.T``, ``a[:, ::2]``) keep their strides and byte offset; kernels either read
 them through strides or call :meth:`OpenCLDevice.contiguous`, a device-side gather. DLPack goes
-through the host (OpenCL has no DLPack device type).
+through the host (OpenCL has no DLPack device type). Kernels reach their device as
+``problem.device.provider``, never by name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,7 @@ from opruntime import DeviceProvider
 from opruntime.errors import OutOfMemoryError
 
 from . import compile as cl_compile
+from .compile import BUFFER
 
 #: device type -> (priority, alias); GPUs rank above the NumPy ``cpu`` (50), CPUs below it.
 PRIORITY = {"gpu": 70, "accelerator": 40, "cpu": 20}
@@ -42,20 +46,25 @@ class OpenCLDevice(DeviceProvider):
         self.extensions = frozenset(cl_device.extensions.split())
         self.max_wg = int(cl_device.max_work_group_size)
         self.local_mem = int(cl_device.local_mem_size)
+        self.max_alloc = int(cl_device.max_mem_alloc_size)  # asked once: empty() checks it per call
         self.compute_units = int(cl_device.max_compute_units)
         self.clock_hz = float(cl_device.max_clock_frequency or 1000) * 1e6
-        self.is_gpu = self.type == "gpu"
+        self.accelerator = self.type == "gpu"  # own memory and clock: tests on it carry the gpu marker
         self.is_nvidia = "NVIDIA" in self.platform.name.upper()
         self.has_fp64 = "cl_khr_fp64" in self.extensions
         self.has_fp16 = "cl_khr_fp16" in self.extensions
         self.has_subgroups = "cl_khr_subgroups" in self.extensions
         # rough peak figures for the cost estimates (they only rank this backend's kernels)
-        lanes = (128 if self.is_nvidia else 64) if self.is_gpu else 16
+        lanes = (128 if self.is_nvidia else 64) if self.accelerator else 16
         self.flops = self.compute_units * self.clock_hz * 2 * lanes
-        self.bandwidth = 2.5e12 if self.is_gpu else 15e9
-        self.launch_s = 8e-6 if self.is_gpu else 20e-6
+        self.bandwidth = 2.5e12 if self.accelerator else 15e9
+        self.launch_s = 8e-6 if self.accelerator else 20e-6
         self._ctx = self._queue = self._pool = None
-        self._events: list[Any] | None = None
+        self._events: list[Any] | None = None  # what time() is collecting, else None
+        # the strided copy, one per element size (at most 4): device machinery, not a cache of
+        # problems; made on first use, as the queue is
+        self._copies: dict[int, cl_compile.Launch] = {}
+        self._launch_lock = threading.Lock()
 
     # -- context ----------------------------------------------------------------------------
     @property
@@ -79,15 +88,22 @@ class OpenCLDevice(DeviceProvider):
         return dtype == "float32" or (dtype == "float64" and self.has_fp64) or (dtype == "float16" and self.has_fp16)
 
     def launch(self, kernel: Any, gsize: tuple[int, ...], lsize: tuple[int, ...], *args: Any) -> Any:
-        """Enqueue ``kernel``; ``gsize`` is rounded up to a multiple of ``lsize``."""
+        """Enqueue a plugin's own ``pyopencl.Kernel`` (``gsize`` rounded up to a multiple of
+        ``lsize``) so that :meth:`time` sees it. Arguments are set and the kernel enqueued under
+        the device's lock, so plugins may share one kernel object between threads. (This
+        backend's kernels use :class:`~.compile.Launch`: typed arguments, a lock per launcher.)"""
         import pyopencl as cl
 
-        g = tuple(-(-n // w) * w for n, w in zip(gsize, lsize))
-        kernel.set_args(*args)
-        evt = cl.enqueue_nd_range_kernel(self.queue, kernel, g, lsize)
-        if self._events is not None:
-            self._events.append(evt)
+        with self._launch_lock:
+            kernel.set_args(*args)
+            evt = cl.enqueue_nd_range_kernel(self.queue, kernel, cl_compile.round_up(gsize, lsize), lsize)
+        self.record(evt)
         return evt
+
+    def record(self, event: Any) -> None:
+        """Note a kernel's event for :meth:`time` (every :class:`~.compile.Launch` calls it)."""
+        if self._events is not None:
+            self._events.append(event)
 
     # -- memory -----------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
@@ -96,11 +112,9 @@ class OpenCLDevice(DeviceProvider):
 
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        what = f"{self.name} ({self.description}): cannot allocate {nbytes / 2**20:.1f} MiB for a {dtype.name} array " \
-               f"of shape {tuple(shape)}"
-        if nbytes > self.cl_device.max_mem_alloc_size:
-            raise OutOfMemoryError(f"{what}: the device's largest single allocation is "
-                                   f"{self.cl_device.max_mem_alloc_size / 2**20:.0f} MiB (max_mem_alloc_size)")
+        if nbytes > self.max_alloc:
+            raise OutOfMemoryError(f"{self._cannot(shape, dtype)}: the device's largest single allocation is "
+                                   f"{self.max_alloc / 2**20:.0f} MiB (max_mem_alloc_size)")
         queue = self.queue
         for attempt in (0, 1):
             try:
@@ -112,8 +126,30 @@ class OpenCLDevice(DeviceProvider):
                 if attempt == 0:  # the pool may hold freed blocks: give them back and retry once
                     self._pool.free_held()
                     continue
-                raise OutOfMemoryError(f"{what}: {exc}") from exc
+                raise OutOfMemoryError(f"{self._cannot(shape, dtype)}: {exc}") from exc
         raise AssertionError("unreachable")
+
+    def _cannot(self, shape: tuple[int, ...], dtype: np.dtype, where: str = "") -> str:
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        return (f"{self.name} ({self.description}): cannot allocate {nbytes / 2**20:.1f} MiB {where}for a "
+                f"{np.dtype(dtype).name} array of shape {tuple(shape)}")
+
+    @contextlib.contextmanager
+    def _host_memory(self, shape: tuple[int, ...], dtype: np.dtype) -> Iterator[None]:
+        """Turn a failed host allocation of a transfer (NumPy's ``_ArrayMemoryError``, or the
+        OpenCL runtime's host side running out) into OutOfMemoryError naming the device, shape
+        and dtype: callers catch that type, not NumPy's."""
+        import pyopencl as cl
+
+        try:
+            yield
+        except OutOfMemoryError:
+            raise
+        except (MemoryError, cl.Error) as exc:
+            if isinstance(exc, cl.Error) and getattr(exc, "code", None) not in _OOM_CODES:
+                raise
+            raise OutOfMemoryError(f"{self._cannot(shape, dtype, 'in host memory ')} (a copy to or from the "
+                                   f"device): {exc}. Use smaller arrays or free host memory") from exc
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         import pyopencl as cl
@@ -125,30 +161,54 @@ class OpenCLDevice(DeviceProvider):
 
     def from_host(self, array: np.ndarray) -> Any:
         array = np.asarray(array)
-        if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
-            array = np.ascontiguousarray(array)
+        with self._host_memory(array.shape, array.dtype):  # making it C-contiguous and native copies
+            if not array.dtype.isnative:  # big-endian data: the kernels read native words only
+                # (astype keeps a 0-d array 0-d; np.ascontiguousarray would make it 1-d)
+                array = array.astype(array.dtype.newbyteorder("="), order="C")
+            elif not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
         out = self.empty(array.shape, array.dtype)
         if array.size:
-            out.set(array)
+            with self._host_memory(array.shape, array.dtype):
+                out.set(array)
         return out
 
     def to_host(self, data: Any) -> np.ndarray:
         data = self.contiguous(data)
-        if not data.size:
-            return np.empty(data.shape, data.dtype)
-        return data.get()
+        with self._host_memory(data.shape, data.dtype):
+            return data.get() if data.size else np.empty(data.shape, data.dtype)
 
     def astype(self, data: Any, dtype: np.dtype) -> Any:
         dtype = np.dtype(dtype)
         native = {"float32", "float64"} if self.has_fp64 else {"float32"}
         if data.dtype.name in native and dtype.name in native:
             return self.contiguous(data).astype(dtype)
-        return self.from_host(self.to_host(data).astype(dtype))  # half / bfloat16: through the host
+        host = self.to_host(data)  # half / bfloat16: through the host
+        with self._host_memory(host.shape, dtype):
+            host = host.astype(dtype)
+        return self.from_host(host)
 
     def owns(self, data: Any) -> bool:
         if self._ctx is None or type(data).__module__ != "pyopencl.array":
             return False
         return getattr(data, "context", None) == self._ctx
+
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        """Whether ``a`` and ``b`` overlap: the same buffer and overlapping byte ranges (each
+        view's span from its offset through its strides, so interleaved views count as
+        overlapping: conservative, as ``np.may_share_memory``)."""
+        if a is b:
+            return True
+        ba, bb = getattr(a, "base_data", None), getattr(b, "base_data", None)
+        if ba is None or bb is None or not (ba is bb or ba.int_ptr == bb.int_ptr):
+            return False
+        (alo, ahi), (blo, bhi) = _span(a), _span(b)
+        return alo < bhi and blo < ahi
+
+    def free_memory(self) -> int:
+        """The device's ``global_mem_size``: OpenCL has no query for free memory, and the largest
+        single allocation (``max_mem_alloc_size``) is checked by :meth:`empty`."""
+        return int(self.cl_device.global_mem_size)
 
     def contiguous(self, data: Any) -> Any:
         """``data`` itself when C-contiguous without offset, else a C-contiguous device copy."""
@@ -164,13 +224,21 @@ class OpenCLDevice(DeviceProvider):
             return out
         shape = [1] * (MAX_COPY_RANK - len(shape)) + shape
         strides = [0] * (MAX_COPY_RANK - len(strides)) + strides
-        word = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[data.dtype.itemsize]
-        knl = cl_compile.kernel(self, cl_compile.source("memory.cl"), {"W": word}, "strided_copy", label="opencl.copy")
         n = out.size
-        self.launch(knl, (n,), (min(256, self.max_wg),), out.base_data, data.base_data,
-                    np.int64(data.offset // data.dtype.itemsize), np.int64(n),
-                    *[np.int64(s) for s in shape], *[np.int64(s) for s in strides])
+        self._copy(data.dtype.itemsize).sized((n,), out.base_data, data.base_data, data.offset // data.dtype.itemsize,
+                                               n, *shape, *strides)
         return out
+
+    def _copy(self, itemsize: int) -> cl_compile.Launch:
+        """The strided copy for elements of ``itemsize`` bytes (built on first use)."""
+        launch = self._copies.get(itemsize)
+        if launch is None:
+            word = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[itemsize]
+            knl = cl_compile.kernel(self, cl_compile.source("memory.cl"), {"W": word}, "strided_copy",
+                                    label="opencl.copy")
+            signature = (BUFFER, BUFFER) + (np.int64,) * (2 + 2 * MAX_COPY_RANK)
+            launch = self._copies[itemsize] = cl_compile.Launch(self, knl, (min(256, self.max_wg),), signature)
+        return launch
 
     def to_host_strided(self, data: Any) -> np.ndarray:  # pragma: no cover - rank > 6 only
         base = data.base_data
@@ -278,18 +346,26 @@ def alias_map(devices: list[Any], cl: Any) -> dict[int, tuple[str, ...]]:
     return out
 
 
-def element_offset(data: Any) -> int:
-    """The byte offset of a pyopencl array view, in elements."""
-    return data.offset // data.dtype.itemsize
-
-
 def elem_strides(data: Any) -> tuple[int, ...]:
     """Strides in elements."""
     return tuple(s // data.dtype.itemsize for s in data.strides)
 
 
+def _span(data: Any) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` of its buffer that a view may touch (empty for a size-0 view)."""
+    if not data.size:
+        return data.offset, data.offset
+    lo = hi = data.offset
+    for n, s in zip(data.shape, data.strides):
+        if s < 0:
+            lo += (n - 1) * s
+        else:
+            hi += (n - 1) * s
+    return lo, hi + data.dtype.itemsize
+
+
 # -- discovery: one provider per OpenCL device, made once per process ---------------------------
-_devices: dict[str, OpenCLDevice] = {}
+_providers: list[OpenCLDevice] = []
 _discovered = False
 _reason = ""
 
@@ -323,15 +399,8 @@ def discover() -> tuple[list[OpenCLDevice], str]:
         elif platforms and not found:
             _reason = f"OpenCL platforms {', '.join(p.name for p in platforms)} have no devices"
         aliases = alias_map(found, cl)
-        for i, d in enumerate(found):
-            dev = OpenCLDevice(i, d, aliases[i])
-            _devices[dev.name] = dev
-    return list(_devices.values()), _reason
-
-
-def provider(name: str) -> OpenCLDevice:
-    """The provider of device ``name`` (``"opencl:0"``)."""
-    return _devices[name]
+        _providers[:] = [OpenCLDevice(i, d, aliases[i]) for i, d in enumerate(found)]
+    return list(_providers), _reason
 
 
 def kernel_dtypes() -> frozenset[str]:

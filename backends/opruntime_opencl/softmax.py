@@ -12,7 +12,7 @@ Non-contiguous inputs are gathered into a contiguous copy first.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,8 +20,9 @@ import numpy as np
 from opruntime.kernels import Kernel, Problem, itemsize
 
 from . import compile as cl_compile
+from .compile import BUFFER
 from .matmul import TYPES
-from .memory import OpenCLDevice, element_offset, kernel_dtypes, provider
+from .memory import kernel_dtypes
 
 #: The rows kernel's menu: work-items per row and the widest vector; ``config_for`` completes
 #: each into a concrete config (rows per work-group, vectors per work-item, reduction).
@@ -37,17 +38,17 @@ def kernels() -> list[Kernel]:
     out = []
     for op in ("softmax", "log_softmax"):
         out += [
-            #      op  name                        kind      dtypes  run
-            Kernel(op, f"opencl.{op}.rows", "opencl", dtypes, _runner(run_rows), supports=supports,
+            #      op  name                        kind      dtypes
+            Kernel(op, f"opencl.{op}.rows", "opencl", dtypes, prepare=prepare_rows, supports=supports,
                    cost=rows_cost, configs=ROW_CONFIGS, config_for=row_configs, source=src),
-            Kernel(op, f"opencl.{op}.columns", "opencl", dtypes, _runner(run_columns), supports=supports,
+            Kernel(op, f"opencl.{op}.columns", "opencl", dtypes, prepare=prepare_columns, supports=supports,
                    cost=columns_cost, configs=COLUMN_CONFIGS, config_for=column_configs, source=src),
         ]
     return out
 
 
-def _runner(fn: Any) -> Any:
-    return lambda problem, config, x: fn(problem, config, x)
+#: Both kernels' arguments: x, its element offset, y, rows, L, inner.
+SIGNATURE = (BUFFER, np.int64, BUFFER, np.int32, np.int32, np.int32)
 
 
 def _geometry(problem: Problem) -> tuple[int, int, int]:
@@ -58,45 +59,69 @@ def _geometry(problem: Problem) -> tuple[int, int, int]:
     return math.prod(shape) // length, length, inner
 
 
-def _input(dev: OpenCLDevice, x: Any) -> tuple[Any, int]:
-    """(array, element offset) of a C-contiguous view of ``x`` (copied when strided)."""
-    if not x.flags.c_contiguous:
-        x = dev.contiguous(x)
-    return x, element_offset(x)
-
-
 def _defines(problem: Problem, config: Mapping[str, int]) -> dict[str, Any]:
     t, acc, ext = TYPES[problem.dtype]
     return {"T": t, "ACC": acc, **ext, "LOG": int(problem.op == "log_softmax"), **config}
 
 
-def run_rows(problem: Problem, config: Mapping[str, int], x: Any) -> Any:
-    dev = provider(problem.device)
+def prepare_rows(problem: Problem, config: Mapping[str, int]) -> Callable[[Any], Any]:
+    """Build ``config`` (a completed one: :func:`complete`) of the rows kernel for ``problem``."""
+    dev = problem.device.provider
     rows, length, inner = _geometry(problem)
-    x, xoff = _input(dev, x)
-    cfg = dict(config)
-    if cfg["VW"] > 1 and xoff % cfg["VW"]:  # a misaligned view: scalar loads, same register budget
-        cfg["NV"], cfg["VW"] = cfg["NV"] * cfg["VW"], 1
-    out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
-    knl = cl_compile.kernel(dev, cl_compile.source("softmax.cl"), _defines(problem, cfg), "softmax_rows",
-                       label=f"opencl.{problem.op}.rows")
-    tpr, rpw = cfg["TPR"], cfg["RPW"]
-    dev.launch(knl, (tpr, -(-rows // rpw) * rpw), (tpr, rpw), x.base_data, np.int64(xoff), out.base_data,
-               np.int32(rows), np.int32(length), np.int32(inner))
-    return out
+    tpr, rpw, vw = config["TPR"], config["RPW"], config["VW"]
+
+    def build(cfg: Mapping[str, int]) -> cl_compile.Launch:
+        knl = cl_compile.kernel(dev, cl_compile.source("softmax.cl"), _defines(problem, cfg), "softmax_rows",
+                                label=f"opencl.{problem.op}.rows")
+        return cl_compile.Launch(dev, knl, (tpr, rpw), SIGNATURE, (tpr, -(-rows // rpw) * rpw))
+
+    # a view starting off a vector boundary: scalar loads, the same registers per work-item
+    scalar = {**config, "NV": config["NV"] * vw, "VW": 1}
+    return _launcher(problem, build(config), vw, lambda: build(scalar), rows, length, inner)
 
 
-def run_columns(problem: Problem, config: Mapping[str, int], x: Any) -> Any:
-    dev = provider(problem.device)
+def prepare_columns(problem: Problem, config: Mapping[str, int]) -> Callable[[Any], Any]:
+    """Build ``config`` of the columns kernel for ``problem``."""
+    dev = problem.device.provider
     rows, length, inner = _geometry(problem)
-    x, xoff = _input(dev, x)
-    vw = config["VW"] if xoff % config["VW"] == 0 else 1
-    out = dev.empty(problem.out_shape, np.dtype(problem.dtype))
-    knl = cl_compile.kernel(dev, cl_compile.source("softmax.cl"), {**_defines(problem, {"VW": vw}), "COLUMNS": 1},
-                       "softmax_columns", label=f"opencl.{problem.op}.columns")
-    dev.launch(knl, (rows // vw,), (config["WG"],), x.base_data, np.int64(xoff), out.base_data,
-               np.int32(rows), np.int32(length), np.int32(inner))
-    return out
+
+    def build(vw: int) -> cl_compile.Launch:
+        defines = {**_defines(problem, {"VW": vw}), "COLUMNS": 1}
+        knl = cl_compile.kernel(dev, cl_compile.source("softmax.cl"), defines, "softmax_columns",
+                                label=f"opencl.{problem.op}.columns")
+        return cl_compile.Launch(dev, knl, (config["WG"],), SIGNATURE, (rows // vw,))
+
+    vw = config["VW"]
+    return _launcher(problem, build(vw), vw, lambda: build(1), rows, length, inner)
+
+
+def _launcher(problem: Problem, aligned: cl_compile.Launch, vw: int, build_scalar: Callable[[], cl_compile.Launch],
+              rows: int, length: int, inner: int) -> Callable[[Any], Any]:
+    """``launch(x)``: gather a strided ``x``, allocate the result, enqueue.
+
+    The element offset of ``x`` is not part of the problem (views at any offset share it), so a
+    view whose start is off a ``vw`` boundary takes the scalar-load variant. That one is built on
+    first need, the only build outside ``prepare``: such views are rare, and building both
+    variants up front would double every problem's compile time on PoCL.
+    """
+    dev = problem.device.provider
+    shape, dtype = problem.out_shape, np.dtype(problem.dtype)
+    scalar = [aligned if vw == 1 else None]
+
+    def launch(x: Any) -> Any:
+        if not x.flags.c_contiguous:
+            x = dev.contiguous(x)
+        xoff = x.offset // x.dtype.itemsize
+        run = aligned
+        if xoff % vw:
+            run = scalar[0]
+            if run is None:
+                run = scalar[0] = build_scalar()
+        out = dev.empty(shape, dtype)
+        run(x.base_data, xoff, out.base_data, rows, length, inner)
+        return out
+
+    return launch
 
 
 # -- configs and costs -------------------------------------------------------------------------
@@ -106,7 +131,7 @@ def _pow2(n: int) -> int:
 
 def complete(problem: Problem, menu: Mapping[str, int]) -> dict[str, int] | None:
     """A menu entry made concrete for ``problem``, or None when it does not fit the device."""
-    dev = provider(problem.device)
+    dev = problem.device.provider
     rows, length, inner = _geometry(problem)
     tpr = menu["TPR"]
     limits = dev.cl_device.max_work_item_sizes
@@ -115,7 +140,7 @@ def complete(problem: Problem, menu: Mapping[str, int]) -> dict[str, int] | None
     vw = menu["VW"] if inner == 1 and length % menu["VW"] == 0 else 1
     nv = _pow2(-(-length // (tpr * vw)))
     onepass = nv <= MAX_NV
-    target = 256 if dev.is_gpu else 16
+    target = 256 if dev.accelerator else 16
     rpw = max(1, min(target // tpr, _pow2(rows), limits[1], dev.max_wg // tpr))
     red = 0
     if dev.is_nvidia and problem.dtype != "float64":
@@ -129,7 +154,7 @@ def complete(problem: Problem, menu: Mapping[str, int]) -> dict[str, int] | None
 
 
 def row_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     menu = CPU_ROWS if dev.type == "cpu" else GPU_ROWS
     out = [c for c in (complete(problem, m) for m in menu) if c is not None]
     unique = list({tuple(sorted(c.items())): c for c in out}.values())
@@ -137,7 +162,7 @@ def row_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
 
 
 def column_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     inner = _geometry(problem)[2]
     fit = [{**c, "VW": c["VW"] if inner % c["VW"] == 0 else 1} for c in COLUMN_CONFIGS if c["WG"] <= dev.max_wg]
     unique = list({tuple(sorted(c.items())): c for c in fit}.values())
@@ -145,7 +170,7 @@ def column_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
 
 
 def supports(problem: Problem) -> bool:
-    return provider(problem.device).dtype_ok(problem.dtype)
+    return problem.device.provider.dtype_ok(problem.dtype)
 
 
 def _bytes(problem: Problem) -> float:
@@ -153,14 +178,14 @@ def _bytes(problem: Problem) -> float:
 
 
 def rows_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     rows, length, inner = _geometry(problem)
     if "RPW" not in cfg:
         cfg = complete(problem, cfg) or {**cfg, "RPW": 1, "NV": 1, "ONEPASS": 0, "RED": 0}
     tpr, vw, nv = cfg["TPR"], cfg["VW"], cfg["NV"]
     n = _bytes(problem)
     passes = 2.0 if cfg["ONEPASS"] else 4.0
-    if dev.is_gpu:  # coalesced only with many work-items per row along a contiguous axis
+    if dev.accelerator:  # coalesced only with many work-items per row along a contiguous axis
         access = 8.0 if inner > 1 else (1.0 if tpr >= 32 else 4.0)
         fill = min(8.0, max(1.0, dev.compute_units * 4 / -(-rows // cfg["RPW"])))
         used = length / (tpr * vw * nv) if cfg["ONEPASS"] else 1.0
@@ -179,11 +204,11 @@ def rows_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
 
 
 def columns_cost(problem: Problem, cfg: Mapping[str, int]) -> float:
-    dev = provider(problem.device)
+    dev = problem.device.provider
     rows, length, inner = _geometry(problem)
     vw = cfg.get("VW", 1) if inner % cfg.get("VW", 1) == 0 else 1
     n = _bytes(problem)
-    if dev.is_gpu:
+    if dev.accelerator:
         access = 1.0 if inner * itemsize(problem.dtype) >= 128 else 8.0
         lanes = dev.compute_units * 2048
     else:
