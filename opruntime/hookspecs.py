@@ -146,8 +146,9 @@ class DeviceProvider(abc.ABC):
         return self.from_host(np.zeros(shape, dtype))
 
     def astype(self, data: Any, dtype: np.dtype) -> Any:
-        """Convert device data to ``dtype`` on the device."""
-        return data.astype(dtype)
+        """Convert device data to ``dtype`` on the device, as a new C-contiguous array (the
+        Problem describes a cast operand with C strides)."""
+        return data.astype(dtype, order="C")
 
     def copy(self, data: Any) -> Any:
         """A new device array with ``data``'s values (``opr.tensor`` of a native array copies: a

@@ -260,11 +260,17 @@ def register(plugin: Any, name: str | None = None) -> None:
                               f"give another name=")
         _extra.append((name, plugin))
         reset()
-        rec = registry().records.get(name)
-        if rec is not None and rec.status == "failed":
-            _extra.remove((name, plugin))
-            reset()
-            raise PluginError(f"plugin {name!r} {rec.reason}")
+        try:
+            with warnings.catch_warnings():  # this plugin's refusal is raised below, not announced
+                warnings.simplefilter("ignore", FallbackWarning)
+                rec = registry().records.get(name)
+        finally:
+            failed = _registry is None or (rec := _registry.records.get(name)) is None or rec.status == "failed"
+            if failed:
+                _extra.remove((name, plugin))
+                reset()
+        if failed:
+            raise PluginError(f"plugin {name!r} {rec.reason if rec is not None else 'failed to register'}")
 
 
 def unregister(plugin: Any) -> None:

@@ -130,7 +130,7 @@ class CudaDevice(DeviceProvider):
 
     def astype(self, data: Any, dtype: np.dtype) -> Any:
         with self._device, oom_guard(f"astype on {self.name}", data.size * np.dtype(dtype).itemsize):
-            return data.astype(dtype)
+            return data.astype(dtype, order="C")  # the Problem describes a cast operand as C-contiguous
 
     def owns(self, data: Any) -> bool:
         return isinstance(data, self.array_types) and data.device.id == self.index

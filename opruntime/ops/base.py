@@ -300,15 +300,20 @@ class Operator(abc.ABC):
         shapes = [tuple(d.shape) for d in datas]
         dtype = result_dtype(self.name, [d.dtype for d in datas])
         norm = self.normalize(shapes, dict(attrs))
+        casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
         strides = []
-        for d, shape in zip(datas, norm.shapes):
+        for d, shape, cast in zip(datas, norm.shapes, casts):
             st = getattr(d, "strides", None)
-            if st is not None and tuple(d.shape) != shape:  # the kernel gets d.reshape(shape): its strides
-                st = d.reshape(shape).strides  # (a view keeps a strided operand's steps; a copy is C order)
-            strides.append(None if st is None else tuple(x // d.dtype.itemsize for x in st))
+            if st is None:
+                strides.append(None)
+            elif cast:  # the kernel gets the cast copy: C order (DeviceProvider.astype)
+                strides.append(c_strides(shape))
+            else:
+                if tuple(d.shape) != shape:  # the kernel gets d.reshape(shape): its strides
+                    st = d.reshape(shape).strides  # (a view keeps a strided operand's steps; a copy is C order)
+                strides.append(tuple(x // d.dtype.itemsize for x in st))
         problem = Problem(self.name, dev, norm.shapes, (dtype,) * len(datas), tuple(strides), norm.attrs,
                           norm.out_shape, dtype)
-        casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
         return problem, norm, casts
 
     def problem_for(self, device: Device | str, shapes: Sequence[Sequence[int]], dtype: str, **attrs: Any) -> Problem:
