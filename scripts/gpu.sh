@@ -2,7 +2,8 @@
 # Set up the (offline) GPU machine for opruntime and run a command there.
 #
 #   scripts/gpu.sh                      # the GPU benchmark suites, then the GPU tests (logs in $OUT or out/)
-#   scripts/gpu.sh python3 my_check.py  # anything else, after the set-up
+#   scripts/gpu.sh python3 my_check.py  # anything else, after the set-up, e.g. one device's kernels:
+#   scripts/gpu.sh python3 -m opruntime.tools bench softmax --shape 8192x8192 --kernels --device opencl:gpu
 #
 # Needs the pyopencl wheels in .whl/ (see ../shared/GPU.md) carried with the call; without them
 # the OpenCL backend reports "pyopencl not installed" and the rest still runs.
@@ -24,14 +25,17 @@ if [ $# -gt 0 ]; then
 fi
 OUTDIR=${OUT:-out}
 mkdir -p "$OUTDIR"
-python3 -m opruntime.cli info > "$OUTDIR/info.txt" 2>&1
+opr() { python3 -m opruntime.tools "$@"; }   # the `opruntime` command, whatever PATH holds
+opr info > "$OUTDIR/info.txt" 2>&1
 # 1. the GPU benchmark suite on cuda:0, every candidate kernel timed, peers in the same run
-python3 -m opruntime.cli bench --suite gpu --kernels --device cuda:0 --json "$OUTDIR/bench-cuda.json" \
+opr bench --suite gpu --kernels --device cuda:0 --json "$OUTDIR/bench-cuda.json" \
   2>"$OUTDIR/bench-cuda.err" | tee "$OUTDIR/bench-cuda.txt"
-# 2. OpenCL and JAX on the GPU, beside cuda:0 (cuBLAS) in one process
-for args in "matmul --shape 4096x4096,4096x4096" "softmax --shape 8192x8192"; do
-  python3 -m opruntime.cli bench $args --kernels --device opencl:gpu --device jax:gpu --device cuda:0 \
-    --json "$OUTDIR/bench-cl-jax-${args%% *}.json" 2>>"$OUTDIR/bench-cl-jax.err" | tee -a "$OUTDIR/bench-cl-jax.txt"
+# 2. OpenCL and JAX on the GPU beside cuda:0 (cuBLAS), in one process: every candidate (each OpenCL
+#    and Pallas config), the peers, and the per-call cost
+for args in "matmul --shape 4096x4096,4096x4096" "softmax --shape 8192x8192" "--suite overhead"; do
+  name=${args#--suite }; name=${name%% *}
+  opr bench $args --kernels --device opencl:gpu --device jax:gpu --device cuda:0 \
+    --json "$OUTDIR/bench-cl-jax-$name.json" 2>>"$OUTDIR/bench-cl-jax.err" | tee -a "$OUTDIR/bench-cl-jax.txt"
 done
-# 3. the GPU tests
+# 3. the GPU tests: CUDA, OpenCL on the GPU and JAX on the GPU
 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUTDIR/gpu-tests.log" | tail -30

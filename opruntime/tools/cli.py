@@ -1,19 +1,31 @@
 """The ``opruntime`` command: ``info``, ``bench``, ``tune``, ``cache``, ``explain``
-(``opruntime <command> --help``)."""
+(``opruntime <command> --help``; also ``python -m opruntime.tools``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from collections.abc import Sequence
+
+import numpy as np
+
+import opruntime as opr
+from opruntime import cache, config, selector, tuning
+from opruntime.config import settings
+from opruntime.errors import OpRuntimeError
+from opruntime.lru import CACHES
+from opruntime.ops import OPS
+from opruntime.plugins import registry
+
+from . import bench, plot
+from .peers import LIBRARIES
+from .progress import Progress
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import opruntime as opr
-    from opruntime.config import settings
-    from opruntime.plugins import registry
-
     reg = registry()
     s = settings()
     data = {
@@ -23,6 +35,10 @@ def cmd_info(args: argparse.Namespace) -> int:
                      "priority": d.provider.priority, "aliases": list(d.provider.aliases), **d.provider.info()}
                     for d in reg.devices],
         "unavailable": reg.unavailable,
+        "operators": [{"name": op.name, "operands": list(op.operands), "attributes": list(op.attributes),
+                       "bound": op.bound, "suites": list(op.bench), "peers": list(op.peers)} for op in OPS.values()],
+        "caches": [{"name": c.name, "size": len(c), "capacity": c.capacity}
+                   for c in sorted(CACHES, key=lambda c: c.name)],
         "settings": {k: (v if not isinstance(v, tuple) else list(v)) for k, v in s.content()},
         "settings_origin": dict(s.origin),
     }
@@ -42,22 +58,23 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {'':<12}   {fact if len(fact) <= 96 else fact[:93] + '...'}")
     for kind, reason in reg.unavailable.items():
         print(f"  {kind + ':*':<12} unavailable: {reason}")
+    print("\noperators:")
+    for o in data["operators"]:
+        signature = f"{o['name']}({', '.join(o['operands'] + o['attributes'])})"
+        print(f"  {signature:<56} {o['bound'] + '-bound':<14} peers: {', '.join(o['peers']) or '-'}")
     print("\nkernels:")
     for k in reg.kernels.values():
         print(f"  {k.name:<40} {k.op:<12} {k.device_kind:<8} {','.join(sorted(k.dtypes))}")
+    print("\ncaches (entries / capacity):")
+    for c in data["caches"]:
+        print(f"  {c['name']:<40} {c['size']}/{c['capacity']}")
     print(f"\nsettings: {s!r}")
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from opruntime.bench import format_table, run_case, to_json
-    from opruntime.plugins import registry
-    from opruntime.progress import Progress
-
     if args.plot:
-        from opruntime.benchplot import require_matplotlib
-
-        require_matplotlib()  # before the benchmark, not after it
+        plot.require_matplotlib()  # before the benchmark, not after it
     reg = registry()
     cases = _cases(args)
     devices = [reg.device(d) for d in args.device] if args.device else [reg.devices[0]]
@@ -66,71 +83,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with Progress(total, "bench") as progress:
         for i, (dev, case) in enumerate((d, c) for d in devices for c in cases):
             progress.update(i, f"{case.op} {case.label} {case.dtype} on {dev.name}")
-            results.append(run_case(case, dev, repeats=args.repeats, kernels=args.kernels,
-                                    peers=args.peers.split(",") if args.peers else None))
+            results.append(bench.run_case(case, dev, repeats=args.repeats, kernels=args.kernels,
+                                          peers=args.peers.split(",") if args.peers else None))
         progress.update(total)
     if args.json != "-":  # with --json -, stdout is the JSON alone
-        print(format_table(results))
+        print(bench.format_table(results))
     roofs: dict[str, dict] = {}
     if args.plot:
-        from opruntime.benchplot import plot, roofline_figures
-
         with Progress(len(devices), "roofline") as progress:
             for i, dev in enumerate(devices):
                 progress.update(i, f"the roofline of {dev.name}")
-                roofs[dev.name] = roofline_figures(dev, sorted({r.dtype for r in results if r.device == dev.name}))
-        plot(results, args.plot, roofs)
+                roofs[dev.name] = plot.roofline_figures(dev, sorted({r.dtype for r in results if r.device == dev.name}))
+        plot.plot(results, args.plot, roofs)
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
-        to_json(results, args.json, devices, {"roofline": roofs} if roofs else None)
+        bench.to_json(results, args.json, devices, {"roofline": roofs} if roofs else None)
         if args.json != "-":
             print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
 
 
-def _cases(args: argparse.Namespace) -> list:
-    from opruntime.bench import SUITES, parse_case
-
+def _cases(args: argparse.Namespace) -> list[bench.Case]:
     if args.op:
         if not args.shape:
             raise SystemExit(f"{args.command}: give --shape for each operator (e.g. --shape 1024x1024,1024x1024)")
-        return [parse_case(op, shape, args.dtype, args.attr) for op in args.op for shape in args.shape]
-    return SUITES[args.suite]
-
-
-class _Progress:
-    """A progress bar on stderr: tqdm when installed, a plain counter otherwise."""
-
-    def __init__(self, label: str) -> None:
-        self.label, self.bar = label, None
-
-    def __call__(self, i: int, n: int, candidate: object) -> None:
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            name = getattr(getattr(candidate, "kernel", None), "name", "done")
-            print(f"\r  {self.label}: {i}/{n} {name:<50}", end="" if i < n else "\n", file=sys.stderr, flush=True)
-            return
-        if self.bar is None:
-            self.bar = tqdm(total=n, desc=self.label, leave=False, file=sys.stderr)
-        self.bar.n = i
-        self.bar.set_postfix_str(getattr(getattr(candidate, "kernel", None), "name", ""))
-        if i >= n:
-            self.bar.close()
+        return [bench.parse_case(op, shape, args.dtype, args.attr) for op in args.op for shape in args.shape]
+    return bench.SUITES[args.suite]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    import math
-    import time
-
-    from opruntime import cache, config, selector, tuning
-    from opruntime.bench import random_tensors
-    from opruntime.ops import OPS
-    from opruntime.plugins import registry
-
     reg = registry()
     devices = [reg.device(d) for d in args.device] if args.device else [reg.devices[0]]
-    overrides = {"tune": "autotune"}
+    overrides: dict[str, object] = {"tune": "autotune"}
     if args.budget:
         overrides["tune_budget"] = args.budget
     rows = []
@@ -138,16 +122,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for dev in devices:
             for case in _cases(args):
                 op = OPS[case.op]
-                datas = [t.data for t in random_tensors(case, dev)]
+                datas = [t.data for t in bench.random_tensors(case, dev)]
                 problem = op.problem(datas, dev, dict(case.attrs))[0]
                 if args.force:
                     cache.tuning_cache().delete(tuning.device_key(dev), tuning.problem_key(problem, s.bucket_for(case.op)))
-                tuning.reporter = _Progress(f"{case.op} {case.label} {case.dtype} on {dev.name}")
                 t0 = time.perf_counter()
-                try:
-                    order, _, why = selector.rank(problem, dev, s)
-                finally:
-                    tuning.reporter = None
+                with Progress(0, f"{case.op} {case.label} {case.dtype} on {dev.name}") as progress:
+                    tuning.reporter = progress.candidate
+                    try:
+                        order, _, why = selector.rank(problem, dev, s)
+                    finally:
+                        tuning.reporter = None
                 best = order[0]
                 vendor = [c.measured for c in order if c.kernel.vendor and c.measured and math.isfinite(c.measured)]
                 rows.append([case.op, case.label, case.dtype, dev.name, best.label,
@@ -164,15 +149,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from opruntime import cache
-
     store = cache.tuning_cache()
     if args.action == "path":
         print(store.path)
     elif args.action == "list":
         rows = [[e.device_name, e.problem, e.kernel, f"{e.time_s * 1e6:.1f} us",
                  f"{e.vendor_time / e.time_s:.2f}x" if e.vendor_time else "-",
-                 __import__("time").strftime("%Y-%m-%d %H:%M", __import__("time").localtime(e.created))]
+                 time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created))]
                 for e in store.entries()]
         if args.json:
             print(json.dumps([vars(e) for e in store.entries()], indent=1))
@@ -195,14 +178,9 @@ def _table(head: list[str], rows: list[list[str]]) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    import opruntime as opr
-    from opruntime.bench import parse_case
-
-    case = parse_case(args.op, args.shape, args.dtype, args.attr)
+    case = bench.parse_case(args.op, args.shape, args.dtype, args.attr)
     arrays = [np.random.default_rng(0).standard_normal(s).astype(args.dtype) for s in case.shapes]
-    ex = opr.explain(args.op, *arrays, device=args.device, **dict(case.attrs))
+    ex = opr.explain(args.op, *arrays, device=args.device, **case.attrs)
     if args.json:
         print(json.dumps({"problem": str(ex.problem), "device": ex.device, "chosen": ex.chosen, "why": ex.why,
                           "cached": ex.cached,
@@ -216,27 +194,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _finite(x: float | None) -> float | None:
     """A number for JSON: inf and NaN (not JSON) become null."""
-    import math
-
     return x if x is not None and math.isfinite(x) else None
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opruntime", description="opruntime: a pluggable multi-backend operator runtime")
     sub = p.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="plugins, devices (and why a backend has none), kernels, settings")
+    info = sub.add_parser("info", help="plugins, devices (or why none), operators, kernels, caches, settings")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(fn=cmd_info)
 
-    from opruntime.bench import SUITES
-
-    b = sub.add_parser("bench", help="time operators, their kernels and the peers (numpy, torch, jax, cuBLAS)")
+    suites = sorted(bench.SUITES)
+    b = sub.add_parser("bench", help="time operators, kernels and peers (" + ", ".join(LIBRARIES) + ")")
     b.add_argument("op", nargs="*", help="operators (default: the --suite)")
     b.add_argument("--shape", action="append", help="operand shapes, e.g. 1024x1024,1024x1024 (repeatable)")
     b.add_argument("--dtype", default="float32")
     b.add_argument("--attr", action="append", default=[], help="an attribute, e.g. padding=1 or stride=[2,1]")
     b.add_argument("--device", action="append", help="device (repeatable; default: the configured default)")
-    b.add_argument("--suite", default="demo", choices=sorted(SUITES))
+    b.add_argument("--suite", default="demo", choices=suites)
     b.add_argument("--repeats", type=int, default=15)
     b.add_argument("--kernels", action="store_true", help="also time every candidate kernel directly")
     b.add_argument("--peers", help="comma-separated peers to time (default: all installed)")
@@ -251,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", default="float32")
     t.add_argument("--attr", action="append", default=[])
     t.add_argument("--device", action="append")
-    t.add_argument("--suite", default="demo", choices=sorted(SUITES))
+    t.add_argument("--suite", default="demo", choices=suites)
     t.add_argument("--budget", type=float, help="seconds per problem (default: the tune_budget setting)")
     t.add_argument("--force", action="store_true", help="tune again even when the cache has a result")
     t.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -278,13 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except Exception as exc:
-        from opruntime.errors import OpRuntimeError
-
-        if isinstance(exc, OpRuntimeError):
-            print(f"opruntime: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except OpRuntimeError as exc:
+        print(f"opruntime: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

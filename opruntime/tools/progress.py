@@ -1,8 +1,9 @@
-"""Progress on stderr for CLI work that takes more than a second (``opruntime bench``).
+"""Progress on stderr for CLI work that takes more than a second (``opruntime bench`` and ``tune``).
 
 On a terminal: a tqdm bar when tqdm is installed, else a rich bar when rich is, else one line
-rewritten in place; both bars appear only once the work has run for a second. Elsewhere (logs,
-CI): plain ``[i/n] what`` lines, one per item, so a log shows what ran and in which order.
+rewritten in place; each appears only once the work has run for a second. Elsewhere (logs, CI,
+a pipe): plain ``[i/n] what`` lines, one per item, so a log shows what ran and in which order, and
+never a carriage return.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from typing import Any, TextIO
 
 
 class Progress:
-    """``with Progress(n, "bench") as p: p.update(i, "what runs now")``, ``i`` items done."""
+    """``with Progress(n, "bench") as p: p.update(i, "what runs now")``, ``i`` items done.
+
+    ``total`` may change while it runs (the tuner learns how many candidates it times only when
+    it starts); :meth:`candidate` is the tuner's ``opruntime.tuning.reporter``.
+    """
 
     def __init__(self, total: int, label: str = "", *, stream: TextIO | None = None, delay: float = 1.0) -> None:
         self.total, self.label, self.stream, self.delay = total, label, stream or sys.stderr, delay
@@ -25,6 +30,7 @@ class Progress:
             self.kind = next((m for m in ("tqdm", "rich") if importlib.util.find_spec(m)), "counter")
         self.bar: Any = None
         self.task: Any = None
+        self.shown = False  # the counter has written a line that close() must end
 
     def __enter__(self) -> Progress:
         return self
@@ -38,13 +44,15 @@ class Progress:
             if done < self.total:
                 print(f"[{done + 1}/{self.total}] {what}", file=self.stream, flush=True)
         elif self.kind == "counter":
-            if time.perf_counter() - self.t0 >= self.delay or done >= self.total:
+            if time.perf_counter() - self.t0 >= self.delay or (self.shown and done >= self.total):
+                self.shown = True
                 print(f"\r{self.label} [{done}/{self.total}] {what[:70]:<70}", end="", file=self.stream, flush=True)
         elif self.kind == "tqdm":
             if self.bar is None:
                 from tqdm import tqdm
 
                 self.bar = tqdm(total=self.total, desc=self.label, file=self.stream, delay=self.delay, leave=False)
+            self.bar.total = self.total
             self.bar.n = done
             self.bar.set_postfix_str(what[:60])
         elif self.bar is None and time.perf_counter() - self.t0 < self.delay:
@@ -57,10 +65,16 @@ class Progress:
                 self.bar = Bar(*Bar.get_default_columns(), console=Console(file=self.stream), transient=True)
                 self.bar.start()
                 self.task = self.bar.add_task(self.label, total=self.total)
-            self.bar.update(self.task, completed=done, description=f"{self.label} {what[:60]}")
+            self.bar.update(self.task, total=self.total, completed=done, description=f"{self.label} {what[:60]}")
+
+    def candidate(self, done: int, total: int, candidate: Any) -> None:
+        """The tuner's report (``opruntime.tuning.reporter``): ``done`` of ``total`` candidates
+        timed, ``candidate`` (None at the end) the one it times now."""
+        self.total = total
+        self.update(done, f"{self.label}: {candidate.label}" if candidate is not None else self.label)
 
     def close(self) -> None:
-        if self.kind == "counter" and time.perf_counter() - self.t0 >= self.delay:
+        if self.kind == "counter" and self.shown:
             print(file=self.stream, flush=True)
         elif self.bar is not None:
             if self.kind == "tqdm":
@@ -68,3 +82,4 @@ class Progress:
             else:
                 self.bar.stop()
         self.bar = None
+        self.shown = False

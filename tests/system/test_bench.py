@@ -1,13 +1,17 @@
-"""The bench's measurement: rounds, paired ratios and the selection check, on controlled contenders."""
+"""The bench's measurement: rounds, paired ratios (the runtime's one harness, ``opruntime.timing``,
+which the bench times through) and the selection and result checks, on controlled contenders."""
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
 
-from opruntime import bench
+from opruntime import timing
+from opruntime.ops.base import Case
+from opruntime.tools import bench
 
 
 def test_paired_ratio_cancels_slow_spells():
@@ -17,8 +21,8 @@ def test_paired_ratio_cancels_slow_spells():
     spell_b = [1, 1.5, 1.5, 1.5, 1.5, 1, 1]
     a = [1.02 * s for s in spell_a]
     b = [1.00 * s for s in spell_b]
-    assert bench.statistics.median(a) / bench.statistics.median(b) == pytest.approx(0.68)
-    assert bench.paired_ratio(a, b) == pytest.approx(1.02)
+    assert statistics.median(a) / statistics.median(b) == pytest.approx(0.68)
+    assert timing.paired_ratio(a, b) == pytest.approx(1.02)
 
 
 def test_measure_rounds_one_sample_per_round_and_idle_before_each_batch():
@@ -35,8 +39,8 @@ def test_measure_rounds_one_sample_per_round_and_idle_before_each_batch():
     def broken():
         raise RuntimeError("no")
 
-    samples, errors = bench.measure_rounds({"x": make("x"), "y": make("y"), "z": (broken, lambda: None)},
-                                           repeats=5, batch_s=1e-4, idle=idle)
+    samples, errors = timing.measure_rounds({"x": make("x"), "y": make("y"), "z": (broken, lambda: None)},
+                                            repeats=5, batch_s=1e-4, idle=idle)
     assert set(samples) == {"x", "y"} and all(len(s) == 5 for s in samples.values())
     assert errors["z"] == "RuntimeError: no"
     assert calls["idle"] == 10  # before every timed batch of every contender that works
@@ -72,7 +76,7 @@ def test_table_shows_candidates_against_the_chosen_and_paired_peer_ratios():
 def test_kernels_run_checks_selection():
     import opruntime as opr
 
-    res = bench.run_case(bench.Case("conv2d", ((2, 3, 9, 9), (4, 3, 3, 3)), "float32", (("padding", 1),)),
+    res = bench.run_case(Case(((2, 3, 9, 9), (4, 3, 3, 3)), {"padding": 1}, op="conv2d"),
                          opr.Device("cpu"), repeats=3, kernels=True, peers=[])
     assert not res.error and res.kernel in res.vs_chosen and res.vs_chosen[res.kernel] == 1.0
     assert len(res.vs_chosen) >= 2 and math.isfinite(res.selection_gap) and res.selection_gap >= 0
@@ -81,7 +85,7 @@ def test_kernels_run_checks_selection():
 def test_check_result_catches_drift_and_wrong_answers(rng):
     from opruntime.ops import OPS
 
-    case = bench.Case("softmax", ((3, 7),))
+    case = Case(((3, 7),), op="softmax")
     x = rng.standard_normal((3, 7)).astype(np.float32)
     right = OPS["softmax"].reference(x.astype(np.float64)).astype(np.float32)
     assert bench.check_result(OPS["softmax"], case, [x], 1e3, right, right.copy()) == ""
@@ -110,6 +114,6 @@ def test_batch_size_is_not_fooled_by_one_slow_call():
         if calls[0] == 2:  # the call a one-call sizing would have timed
             time.sleep(0.01)
 
-    assert bench.batch_size(fn, lambda: None, 2e-3) > 100  # sized from the runs after the hiccup
-    slow = bench.batch_size(lambda: time.sleep(0.003), lambda: None, 2e-3)
+    assert timing.batch_size(fn, lambda: None, 2e-3) > 100  # sized from the runs after the hiccup
+    slow = timing.batch_size(lambda: time.sleep(0.003), lambda: None, 2e-3)
     assert slow == 1

@@ -3,25 +3,32 @@
 One bar chart per operator (each case a group: opruntime's choice, each candidate kernel timed
 with ``--kernels`` at its best config, each peer), throughput on the y axis; then one roofline
 chart per device: achieved GFLOP/s against arithmetic intensity under the device's memory
-bandwidth and compute roofs. The roofs come from the device's own ``roofline()`` when its
-DeviceProvider has one (returning ``{"bytes_per_s": ..., "flops_per_s": {dtype: ...}}``), else
-they are measured once here: a device copy for the bandwidth, the best float32 matmul for the
-compute rate (and one per other dtype benchmarked).
+bandwidth and compute roofs. The roofs come from the device's own
+``DeviceProvider.roofline()`` (``{"bytes_per_s": ..., "flops_per_s": {dtype: ...}}``) when it
+gives them, else they are measured once here: a device copy for the bandwidth, opruntime's
+matmul for the compute rate of float32 and of each other dtype benchmarked.
 
 matplotlib is imported only here, and only for ``--plot``: it is an optional dependency.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from opruntime.devices import Device
+from opruntime.ops import OPS
+from opruntime.ops.base import Case
+from opruntime.timing import back_to_back
+
+from .bench import random_tensors
+
 if TYPE_CHECKING:
     from .bench import Result
-    from .devices import Device
 
 
 def require_matplotlib() -> None:
@@ -36,9 +43,9 @@ def require_matplotlib() -> None:
 # -- the roofs ------------------------------------------------------------------------------------
 def roofline_figures(device: Device, dtypes: Sequence[str] = ("float32",)) -> dict[str, Any]:
     """``{"bytes_per_s": B, "flops_per_s": {dtype: F}, "source": how}`` for ``device``."""
-    own = getattr(device.provider, "roofline", None)
-    if callable(own):
-        figures = dict(own())
+    own = device.provider.roofline()
+    if own is not None:
+        figures = dict(own)
         figures.setdefault("source", f"{device.name} DeviceProvider.roofline()")
         return figures
     return {"bytes_per_s": measure_bandwidth(device),
@@ -49,17 +56,8 @@ def roofline_figures(device: Device, dtypes: Sequence[str] = ("float32",)) -> di
 def _best(fn: Any, sync: Any, runs: int = 5) -> float:
     """The fastest of ``runs`` timed calls after one warm-up: a roof is what the device can do,
     so the best run counts, not the median (other processes only ever slow a run down)."""
-    import time
-
     fn()
-    sync()
-    best = math.inf
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return min(back_to_back(fn, sync, 1) for _ in range(runs))
 
 
 def measure_bandwidth(device: Device, nbytes: int = 64 << 20) -> float:
@@ -82,13 +80,10 @@ def measure_bandwidth(device: Device, nbytes: int = 64 << 20) -> float:
 def measure_compute(device: Device, dtype: str = "float32", budget_s: float = 0.05) -> float | None:
     """FLOP/s of opruntime's matmul on square ``dtype`` operands, grown until one call takes
     ``budget_s`` (or n = 8192); None when no matmul kernel computes ``dtype`` there."""
-    from .bench import Case, random_tensors
-    from .ops import OPS
-
     n, rate = 256, None
     while True:
         try:
-            a, b = random_tensors(Case("matmul", ((n, n), (n, n)), dtype), device)
+            a, b = random_tensors(Case(((n, n), (n, n)), {}, dtype, op="matmul"), device)
             t = _best(lambda a=a, b=b: OPS["matmul"](a, b), device.provider.synchronize)
         except Exception:
             return rate
@@ -182,11 +177,12 @@ def _roofline(ax: Any, rs: list[Result], device: str, roofs: dict[str, Any]) -> 
                 label=f"roof: {bw / 1e9:,.1f} GB/s, {peak / 1e9:,.1f} GFLOP/s ({dtype}"
                       + (", raised to rates measured in this run)" if raised else " matmul)"))
     ops = list(dict.fromkeys(p[2].op for p in pts))
-    markers, colors = dict(zip(ops, "osD^v")), dict(zip(ops, ["tab:blue", "tab:red", "tab:green", "tab:purple"]))
+    markers = dict(zip(ops, itertools.cycle("osD^v<>")))
+    colors = dict(zip(ops, itertools.cycle(["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown"])))
     for ai, rate, r in pts:
         ax.scatter(ai, rate / 1e9, marker=markers[r.op], color=colors[r.op], s=28, zorder=3,
                    label=r.op if r.op not in ax.get_legend_handles_labels()[1] else None)
-        ax.annotate(r.problem.split(" ")[0] if r.op != "conv2d" else r.problem.split(" x ")[0], (ai, rate / 1e9),
+        ax.annotate(r.problem.split(" x ")[0].split(" ")[0], (ai, rate / 1e9),  # the first operand's shape
                     fontsize=6, xytext=(3, 3), textcoords="offset points")
         for t in r.peers.values():
             if math.isfinite(t) and t > 0:

@@ -1,7 +1,10 @@
 """``opruntime bench``: time operators through opruntime, each candidate kernel, and the peers
-(NumPy, torch, JAX, CuPy/cuBLAS, Triton) on the same inputs in the same run.
+(NumPy, CuPy/cuBLAS, torch, Triton, JAX, onnxruntime) on the same inputs in the same run.
 
-Every timing is the median over ``repeats`` batches of back-to-back calls followed by one device
+Everything about an operator comes from the operator (``opruntime.ops.OPS``): its suites
+(``Operator.bench``), its float64 reference, its flops and bytes and which of them bounds it,
+and its peers. Every timing goes through the runtime's one harness (:mod:`opruntime.timing`):
+the median over ``repeats`` batches of back-to-back calls followed by one device
 synchronisation (so GPU launch gaps overlap as they do in real programs), after a warm-up that
 compiles and caches. Inputs are random normal values, never zeros. Ratios are peer time / our
 time: above 1 means opruntime is faster.
@@ -9,11 +12,9 @@ time: above 1 means opruntime is faster.
 
 from __future__ import annotations
 
-import functools
-import importlib
+import inspect
 import json
 import math
-import random
 import statistics
 import sys
 import time
@@ -23,67 +24,35 @@ from typing import Any
 
 import numpy as np
 
-from .devices import Device, host_normal
-from .kernels import Problem, np_dtype
-from .ops import OPS
-from .tensor import Tensor
+from opruntime.config import settings
+from opruntime.devices import Device, host_normal
+from opruntime.kernels import Problem, np_dtype
+from opruntime.ops import FUNCTIONS, OPS
+from opruntime.ops.base import Case, Operator
+from opruntime.selector import Candidate, plans
+from opruntime.tensor import Tensor
+from opruntime.timing import Timed, measure, measure_rounds, paired_ratio
+
+from . import peers as peer_libraries
 
 
-@dataclass(frozen=True)
-class Case:
-    """One benchmark problem: operator, operand shapes, dtype and attributes."""
-
-    op: str
-    shapes: tuple[tuple[int, ...], ...]
-    dtype: str = "float32"
-    attrs: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def label(self) -> str:
-        s = " x ".join("x".join(map(str, sh)) for sh in self.shapes)
-        a = ",".join(f"{k}={v}" for k, v in self.attrs)
-        return f"{s} {a}".strip()
+def suites() -> dict[str, list[Case]]:
+    """Suite name -> cases: each operator's ``bench`` tables joined in ``OPS`` order; ``demo`` is
+    ``cpu`` then ``overhead``."""
+    out: dict[str, list[Case]] = {}
+    for op in OPS.values():
+        for suite, cases in op.bench.items():
+            out.setdefault(suite, []).extend(cases)
+    out["demo"] = out.get("cpu", []) + out.get("overhead", [])
+    return out
 
 
-def _conv(n: int, c: int, hw: int, k: int, r: int, stride: int, pad: int, dtype: str = "float32") -> Case:
-    return Case("conv2d", ((n, c, hw, hw), (k, c, r, r)), dtype, (("stride", stride), ("padding", pad)))
-
-
-RESNET = [(32, 64, 56, 64, 3, 1, 1), (32, 256, 56, 64, 1, 1, 0), (32, 128, 28, 128, 3, 1, 1),
-          (32, 256, 14, 256, 3, 1, 1), (32, 3, 224, 64, 7, 2, 3)]
-SOFTMAX_GPU = [(4096, 4096), (8192, 8192), (32768, 1024), (1024, 32768), (65536, 128)]
-
-SUITES: dict[str, list[Case]] = {
-    "cpu": [
-        Case("matmul", ((1024, 1024), (1024, 1024))),
-        Case("matmul", ((256, 256), (256, 256))),
-        Case("matmul", ((32, 128, 128), (32, 128, 128))),
-        _conv(8, 64, 56, 64, 3, 1, 1),
-        Case("conv2d", ((8, 64, 56, 56), (64, 1, 3, 3)), "float32", (("padding", 1), ("groups", 64))),
-        _conv(8, 64, 56, 128, 1, 1, 0),
-        Case("softmax", ((1024, 1024),)),
-        Case("softmax", ((4096, 1024),), "float32", (("axis", 0),)),
-        Case("log_softmax", ((4096, 1024),)),
-    ],
-    "overhead": [
-        Case("matmul", ((4, 4), (4, 4))),
-        Case("conv2d", ((1, 1, 4, 4), (1, 1, 1, 1))),
-        Case("softmax", ((16,),)),
-        Case("log_softmax", ((16,),)),
-    ],
-    "gpu": [
-        *[Case("matmul", ((n, n), (n, n))) for n in (1024, 2048, 4096)],
-        *[Case("matmul", ((4096, 4096), (4096, 4096)), dt) for dt in ("float16", "bfloat16")],
-        *[Case("softmax", (s,)) for s in SOFTMAX_GPU],
-        *[_conv(*layer) for layer in RESNET],
-        *[_conv(*layer, dtype="float16") for layer in RESNET],
-        Case("softmax", ((16,),)),
-    ],
-}
-SUITES["demo"] = SUITES["cpu"] + SUITES["overhead"]
+SUITES = suites()
 #: rounds at least, with ``--kernels``: telling candidates 1-2% apart needs more than the peers do
 KERNEL_ROUNDS = 61
 SELECTION_WITHIN = 0.02  # the selected kernel should be this close to the fastest candidate
+#: an operator's ``bound`` -> the rate reported: its unit and the Result field counting the work
+RATES: Mapping[str, tuple[str, str]] = {"memory": ("GB/s", "bytes"), "compute": ("GFLOP/s", "flops")}
 
 
 @dataclass
@@ -131,9 +100,7 @@ def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
 
 def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = False,
              peers: Sequence[str] | None = None) -> Result:
-    """Benchmark one case on one device."""
-    from .peers import PEERS
-
+    """Benchmark one case on one device; ``peers`` limits the peer libraries (default: all)."""
     op = OPS[case.op]
     rng, dtype = np.random.default_rng(0), np_dtype(case.dtype)
     host = [host_normal(rng, s, dtype) for s in case.shapes]  # the peers and the reference get these
@@ -142,8 +109,9 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
     attrs = dict(case.attrs)
     try:
         placed = [prov.from_host(h) for h in host]
-        tensors = [Tensor._wrap(d if d.dtype == dtype else prov.astype(d, dtype), device) for d in placed]
-        public = getattr(importlib.import_module("opruntime"), case.op)  # what users call
+        datas = [d if d.dtype == dtype else prov.astype(d, dtype) for d in placed]
+        tensors = [Tensor._wrap(d, device) for d in datas]
+        public = FUNCTIONS[case.op]  # what users call
         last: list[Any] = [None]  # each contender waits for its own last result, as the peers do
 
         def wait_last() -> None:
@@ -154,34 +122,25 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
 
         contenders: dict[str, Timed] = {"opruntime": (ours, wait_last)}
         first = prov.to_host(public(*tensors, **attrs).data)  # plans (and tunes, when asked) before timing
-        plan = op.plan([t.data for t in tensors], device, attrs, _settings())
-        problem: Problem = plan.problem
-        datas = [t.data for t in tensors]
+        plan = op.plan(datas, device, attrs, settings())
+        problem = plan.problem
         views = [d.reshape(s) for d, s in zip(datas, plan.views)]
         res.kernel = plan.order[0].label if plan.order else "(trivial)"
         for i, c in enumerate(plan.order if kernels else plan.order[:1]):
-            run = functools.partial(c.kernel.run, problem, c.config, *views)
-            contenders["direct" if i == 0 else f"kernel:{c.label}"] = (_keeping(run, last), wait_last)
+            contenders["direct" if i == 0 else f"kernel:{c.label}"] = (_direct(c, problem, views, last), wait_last)
         res.flops, res.bytes = op.flops(problem), op.bytes(problem)
     except Exception as exc:
         res.error = f"{type(exc).__name__}: {exc}"
         return res
-    for name, make in PEERS.items():
-        if peers is not None and name not in peers:
-            continue
-        try:
-            made = make(case, host, device)
-            if made is not None:
-                contenders[f"peer:{name}"] = made
-        except Exception as exc:  # a peer that cannot run this case is skipped, with the reason
-            print(f"  peer {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    for name, timed in peer_libraries.contenders(op, case, host, device, datas[0], peers).items():
+        contenders[f"peer:{name}"] = timed
     samples, errors = measure_rounds(contenders, max(repeats, KERNEL_ROUNDS) if kernels else repeats,
                                      idle=prov.synchronize)
     if "opruntime" in errors:
         res.error = errors["opruntime"]
         return res
-    ours, direct = samples["opruntime"], samples.get("direct")
-    res.time_s = statistics.median(ours)
+    ours_s, direct = samples["opruntime"], samples.get("direct")
+    res.time_s = statistics.median(ours_s)
     res.direct_s = statistics.median(direct) if direct else math.nan
     if kernels and direct:
         res.candidates[plan.order[0].label] = res.direct_s
@@ -194,7 +153,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
                 res.vs_chosen[label] = paired_ratio(t, direct)
         elif kind == "peer":
             res.peers[label] = statistics.median(t)
-            res.peer_ratios[label] = paired_ratio(t, ours)
+            res.peer_ratios[label] = paired_ratio(t, ours_s)
     for name, err in errors.items():  # a failing candidate or peer is reported, not fatal
         print(f"  {name}: {err}", file=sys.stderr)
         if name.startswith("kernel:"):
@@ -203,23 +162,40 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
         res.selection_gap = max(0.0, 1 / min(res.vs_chosen.values()) - 1)
     res.error = check_result(op, case, host, res.flops, first, prov.to_host(public(*tensors, **attrs).data))
     res.select_s = select_time(op, tensors, attrs, repeats)
-    if case.op in ("softmax", "log_softmax"):
-        res.rate, res.unit = res.bytes / res.time_s / 1e9, "GB/s"
-    else:
-        res.rate, res.unit = res.flops / res.time_s / 1e9, "GFLOP/s"
+    res.unit, work = RATES[op.bound]
+    res.rate = getattr(res, work) / res.time_s / 1e9
     return res
+
+
+def _direct(c: Candidate, problem: Problem, views: Sequence[Any], last: list[Any]) -> Callable[[], None]:
+    """Candidate ``c`` called directly through its prepared launcher, keeping its last result; a
+    launcher that cannot be prepared raises when called (the harness reports it)."""
+    try:
+        launch = c.kernel.launcher(problem, c.config)
+    except Exception as exc:
+        failure = exc
+
+        def call() -> None:
+            raise failure
+
+        return call
+
+    def call() -> None:
+        last[0] = launch(*views)
+
+    return call
 
 
 #: the float64 reference is computed on the host for cases up to this many floating-point operations
 REFERENCE_FLOPS = 1e9
 
 
-def check_result(op: Any, case: Case, host: Sequence[np.ndarray], flops: float, first: np.ndarray,
+def check_result(op: Operator, case: Case, host: Sequence[np.ndarray], flops: float, first: np.ndarray,
                  final: np.ndarray) -> str:
     """Why the timed calls cannot be trusted, or "": opruntime's answer after the timing must be the
     one it gave first (a kernel that reads freed memory, or races, changes it), and, where the
     host can afford the float64 reference, right."""
-    from .testing.numerics import TOLERANCE, rel_err
+    from opruntime.testing.numerics import TOLERANCE, rel_err
 
     tol = TOLERANCE[case.dtype]
     try:
@@ -232,7 +208,7 @@ def check_result(op: Any, case: Case, host: Sequence[np.ndarray], flops: float, 
         return (f"wrong result: after the timing, opruntime's answer differs from its first by {drift:.1e} "
                 f"(relative; tolerance {tol:g}){why}: a kernel whose answer changes from call to call")
     if flops <= REFERENCE_FLOPS:
-        ref = op.reference(*(h.astype(np.float64) for h in host), **dict(case.attrs))
+        ref = op.reference(*(h.astype(np.float64) for h in host), **case.attrs)
         try:
             err = rel_err(first.astype(np.float64).reshape(ref.shape), ref)
         except AssertionError as exc:
@@ -242,41 +218,44 @@ def check_result(op: Any, case: Case, host: Sequence[np.ndarray], flops: float, 
     return ""
 
 
-def _keeping(run: Callable[[], Any], last: list[Any]) -> Callable[[], None]:
-    def call() -> None:
-        last[0] = run()
+class _NoPlan:
+    """A cached plan that computes nothing: what is left of a call is its selection."""
 
-    return call
+    __slots__ = ("device",)
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+
+    def __call__(self, datas: Any) -> None:
+        return None
 
 
-def _no_sync() -> None:
-    return None
-
-
-def select_time(op: Any, tensors: Sequence[Tensor], attrs: dict[str, Any], repeats: int = 15) -> float:
-    """Seconds of a cache-hit selection: the operator's own call path (settings, key from the
-    Tensors, plan-cache lookup) with the cached plan swapped for one that does nothing."""
-    from .selector import plans
-
-    items, ts = tuple(attrs.items()), tuple(tensors)
-    key = op.key(_settings(), tensors[0].device, [t.data for t in ts], attrs)
-    op.call(ts, None, items)  # the plan is cached under the key
-    real = plans[key]
-    plans[key] = _no_plan
+def select_time(op: Operator, tensors: Sequence[Tensor], attrs: dict[str, Any], repeats: int = 15) -> float:
+    """Seconds of a cache-hit selection: the public function's own call path (settings, the key
+    from the Tensors, the plan-cache lookup) with the cached plan swapped for one that does
+    nothing; NaN when the call's plan is not cached (an unhashable attribute)."""
+    public = FUNCTIONS[op.name]
+    bound = inspect.signature(public).bind(*tensors, **attrs)
+    bound.apply_defaults()  # the public function keys every attribute, defaults included
+    every = {n: bound.arguments[n] for n in op.attributes}
+    device = tensors[0].device
+    public(*tensors, **attrs)  # the plan is cached under the key
     try:
-        return measure(lambda: op.call(ts, None, items), _no_sync, repeats)
+        key = op.key(settings(), device, [t.data for t in tensors], every)
+        real = plans.get(key)
+    except TypeError:
+        return math.nan
+    if real is None:
+        return math.nan
+    plans[key] = _NoPlan(device)
+    try:
+        return measure(lambda: public(*tensors, **attrs), _no_sync, repeats)
     finally:
         plans[key] = real
 
 
-def _no_plan(datas: Any) -> None:
+def _no_sync() -> None:
     return None
-
-
-def _settings() -> Any:
-    from .config import settings
-
-    return settings()
 
 
 def format_table(results: Sequence[Result]) -> str:
@@ -324,15 +303,20 @@ def _t(s: float) -> str:
     return f"{s * 1e6:.2f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
 
 
+#: the distributions whose versions a result file records: opruntime's stacks and the peers'
+DISTRIBUTIONS = ("numpy", "cupy-cuda13x", "cupy-cuda12x", "torch", "triton", "jax", "jaxlib", "pyopencl", "onnx",
+                 "onnxruntime")
+
+
 def environment(devices: Sequence[Device] = ()) -> dict[str, Any]:
     """Where a benchmark ran: date, versions of opruntime and the peers, the devices."""
     import importlib.metadata
     import platform
 
-    from . import __version__
+    from opruntime import __version__
 
     versions = {"opruntime": __version__, "python": platform.python_version()}
-    for dist in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "torch", "jax", "jaxlib", "pyopencl", "triton"):
+    for dist in DISTRIBUTIONS:
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -365,12 +349,12 @@ def parse_case(op: str, spec: str, dtype: str, attrs: Sequence[str]) -> Case:
     if not least <= len(shapes) <= len(operator.operands):
         raise SystemExit(f"{op} takes {'/'.join(operator.operands)}: give {least} to {len(operator.operands)} "
                          f"comma-separated shapes, got {spec!r}")
-    parsed = []
+    parsed: dict[str, Any] = {}
     for a in attrs:
         k, _, v = a.partition("=")
         try:
             val: Any = json.loads(v)
         except json.JSONDecodeError:
             val = v
-        parsed.append((k, tuple(val) if isinstance(val, list) else val))
-    return Case(op, shapes, dtype, tuple(parsed))
+        parsed[k] = tuple(val) if isinstance(val, list) else val
+    return Case(shapes, parsed, dtype, op=op)

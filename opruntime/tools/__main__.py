@@ -1,0 +1,7 @@
+"""``python -m opruntime.tools``: the ``opruntime`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

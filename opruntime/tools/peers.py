@@ -1,0 +1,257 @@
+"""The peers ``opruntime bench`` compares against: each operator's ``peers`` (see
+:class:`opruntime.ops.base.Operator`), run through the library they name, where the device's data
+lives. Imported only by the bench.
+
+This module holds only the per-library plumbing: placing the host operands for the library,
+converting them to the case's dtype, compiling (``jax.jit``, an ONNX session) and waiting for the
+device. How a library computes an operator is the operator's own business
+(``opruntime/ops/<name>.py``). The libraries:
+
+==========  ==================  ========================================================
+name        the operator's      where it runs
+==========  ==================  ========================================================
+``numpy``   ``peers["numpy"]``  the host CPU, with ``lib=numpy``
+``cupy``    ``peers["numpy"]``  a CUDA device, the same function with ``lib=cupy``
+``torch``   ``peers["torch"]``  the host CPU or a CUDA device; TF32 off
+``triton``  ``peers["triton"]`` a CUDA device, on torch tensors
+``jax``     ``peers["jax"]``    the JAX device where the data lives, ``jax.jit`` of it
+``onnx``    ``peers["onnx"]``   the host CPU: one ONNX node run by onnxruntime
+==========  ==================  ========================================================
+
+Where the data lives comes from the device's provider (:func:`where`): the DLPack device of one
+operand (``DeviceProvider.dlpack_device``) and whether the device is an accelerator.
+A library that is not installed or does not run there is left out quietly; a peer that raises or
+answers ``None`` / ``NotImplemented`` for a case is left out with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from opruntime.devices import Device
+from opruntime.kernels import np_dtype
+from opruntime.ops.base import Case, Operator
+from opruntime.timing import Timed
+
+#: DLPack device types (``__dlpack_device__()[0]``) the peers' libraries can run on
+DLPACK_CPU, DLPACK_CUDA, DLPACK_CUDA_MANAGED = 1, 2, 13
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a device's data lives, as the peers' libraries name it."""
+
+    host: bool  # the host CPU
+    cuda: int | None = None  # else the CUDA device of this index
+    sample: Any = None  # one operand as the device holds it (a JAX array names its JAX device)
+
+
+class NotApplicable(Exception):
+    """A peer that does not run this case here, with the reason."""
+
+
+def where(device: Device, sample: Any) -> Where:
+    """Where ``device`` keeps ``sample`` (one of its arrays): a CUDA device when its DLPack device
+    says so, the host when it says "CPU" (or nothing) and the device is no accelerator (an
+    accelerator may export host copies), else only the sample itself (a JAX array knows its
+    device)."""
+    prov = device.provider
+    try:
+        kind, index = prov.dlpack_device(sample)
+    except Exception:  # an array type without DLPack
+        kind, index = None, 0
+    if kind is not None and int(kind) in (DLPACK_CUDA, DLPACK_CUDA_MANAGED):
+        return Where(False, int(index), sample)
+    return Where((kind is None or int(kind) == DLPACK_CPU) and not prov.accelerator, None, sample)
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _no_sync() -> None:
+    return None
+
+
+def _checked(lib: str, out: Any) -> Any:
+    if out is None or out is NotImplemented:
+        raise NotApplicable(f"the operator's {lib} peer does not compute this case (it answered {out!r})")
+    return out
+
+
+def _keeping(fn: Callable[[], Any]) -> tuple[Callable[[], None], list[Any]]:
+    """``fn`` as a contender that keeps its last result (so that the sync can wait for it)."""
+    last: list[Any] = [None]
+
+    def call() -> None:
+        last[0] = fn()
+
+    return call, last
+
+
+# -- the libraries ---------------------------------------------------------------------------------
+def _numpy(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:
+    if not at.host:
+        return None
+    if case.dtype == "bfloat16":
+        raise NotApplicable("NumPy computes no bfloat16")
+    xs = [h.astype(np_dtype(case.dtype), copy=False) for h in host]
+    _checked("numpy", peer(np, *xs, **case.attrs))
+    return functools.partial(peer, np, *xs, **case.attrs), _no_sync
+
+
+def _cupy(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:
+    if at.cuda is None or not _installed("cupy"):
+        return None
+    import cupy
+
+    dev = cupy.cuda.Device(at.cuda)
+    with dev:
+        xs = [cupy.asarray(h).astype(np_dtype(case.dtype)) for h in host]
+        _checked("numpy", peer(cupy, *xs, **case.attrs))
+    return functools.partial(peer, cupy, *xs, **case.attrs), dev.synchronize
+
+
+def _torch_place(host: Sequence[np.ndarray], case: Case, at: Where) -> tuple[Any, list[Any], Callable[[], None]] | None:
+    """torch, the operands as torch tensors where the data lives (TF32 off), and the sync."""
+    if not _installed("torch"):
+        return None
+    import torch
+
+    if at.host:
+        target, sync = "cpu", _no_sync
+    elif at.cuda is not None and torch.cuda.is_available():
+        target = f"cuda:{at.cuda}"
+        torch.backends.cuda.matmul.allow_tf32 = False  # compare float32 with float32
+        torch.backends.cudnn.allow_tf32 = False
+        sync = functools.partial(torch.cuda.synchronize, at.cuda)
+    else:
+        return None
+    dtype = getattr(torch, case.dtype)
+    return torch, [torch.from_numpy(np.ascontiguousarray(h)).to(target, dtype) for h in host], sync
+
+
+def _torch(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:
+    placed = _torch_place(host, case, at)
+    if placed is None:
+        return None
+    torch, ts, sync = placed
+    _checked("torch", peer(torch, *ts, **case.attrs))
+    return functools.partial(peer, torch, *ts, **case.attrs), sync
+
+
+def _triton(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:
+    if at.cuda is None or not _installed("triton"):
+        return None
+    placed = _torch_place(host, case, at)
+    if placed is None:
+        return None
+    torch, ts, sync = placed
+    _checked("triton", peer(torch, *ts, **case.attrs))
+    return functools.partial(peer, torch, *ts, **case.attrs), sync
+
+
+def _jax(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:
+    if not _installed("jax"):
+        return None
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # as the JAX backend: leave the others memory
+    import jax
+
+    jdev = _jax_device(jax, at)
+    if jdev is None:
+        return None
+    if case.dtype == "float64" and not jax.config.jax_enable_x64:
+        raise NotApplicable("float64 needs JAX's jax_enable_x64")
+    xs = [jax.device_put(h.astype(np_dtype(case.dtype), copy=False), jdev) for h in host]
+    f = jax.jit(functools.partial(peer, jax, **case.attrs))
+    _checked("jax", f(*xs)).block_until_ready()  # compiles
+    call, last = _keeping(functools.partial(f, *xs))
+    return call, lambda: last[0].block_until_ready()
+
+
+def _jax_device(jax: Any, at: Where) -> Any:
+    """The JAX device where the data lives: a JAX array's own, else the host's or the CUDA one."""
+    if isinstance(at.sample, jax.Array):
+        return next(iter(at.sample.devices()))
+    try:
+        if at.host:
+            return jax.devices("cpu")[0]
+        if at.cuda is not None:
+            return next((d for d in jax.devices("gpu") if d.id == at.cuda), None)
+    except RuntimeError:  # no such JAX backend here
+        return None
+    return None
+
+
+#: ONNX opset of the one-node models (Softmax takes one axis from opset 13 on)
+ONNX_OPSET = 17
+
+
+def _onnx(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:
+    if not at.host or not _installed("onnx") or not _installed("onnxruntime"):
+        return None
+    import onnx
+    import onnxruntime
+    from onnx import helper
+
+    node = _checked("onnx", peer(**case.attrs))
+    op_type, attributes = node
+    xs = [h.astype(np_dtype(case.dtype), copy=False) for h in host]
+    names = [f"x{i}" for i in range(len(xs))]
+    elem = helper.np_dtype_to_tensor_dtype(xs[0].dtype)
+    graph = helper.make_graph(
+        [helper.make_node(op_type, names, ["y"], **attributes)], case.op,
+        [helper.make_tensor_value_info(n, elem, x.shape) for n, x in zip(names, xs)],
+        [helper.make_tensor_value_info("y", elem, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    model.ir_version = 8  # readable by onnxruntime releases of the last years
+    onnx.checker.check_model(model)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = dict(zip(names, xs))
+    session.run(None, feeds)
+    return functools.partial(session.run, None, feeds), _no_sync
+
+
+Runner = Callable[[Callable[..., Any], Sequence[np.ndarray], Case, Where], Timed | None]
+
+#: library -> (the operator's peer it runs, how). ``cupy`` is the ``numpy`` peer on a CUDA device
+#: (cuBLAS for matmul).
+LIBRARIES: Mapping[str, tuple[str, Runner]] = {
+    "numpy": ("numpy", _numpy),
+    "cupy": ("numpy", _cupy),
+    "torch": ("torch", _torch),
+    "triton": ("triton", _triton),
+    "jax": ("jax", _jax),
+    "onnx": ("onnx", _onnx),
+}
+
+
+def contenders(op: Operator, case: Case, host: Sequence[np.ndarray], device: Device, sample: Any,
+               wanted: Sequence[str] | None = None) -> dict[str, Timed]:
+    """The peers of ``op`` that run ``case`` where ``device`` keeps its data (``sample``: one of
+    its operands there), as ``name -> (call, sync)`` on operands of their own made from ``host``
+    (float32 host data for a bfloat16 case); ``wanted`` limits the libraries."""
+    at = where(device, sample)
+    out: dict[str, Timed] = {}
+    for lib, (peer_name, run) in LIBRARIES.items():
+        peer = op.peers.get(peer_name)
+        if peer is None or (wanted is not None and lib not in wanted):
+            continue
+        try:
+            timed = run(peer, host, case, at)
+        except Exception as exc:  # a peer that cannot run this case is skipped, with the reason
+            print(f"  peer {lib}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        if timed is not None:
+            out[lib] = timed
+    return out
