@@ -3,7 +3,8 @@
 Plans, prepared launches, compiled programs (CUDA modules, OpenCL programs, JAX executables):
 each is kept in an :class:`LRU` whose capacity is the ``cache_entries`` setting (default
 :data:`DEFAULT_CAPACITY`), so a program that calls operators on ever new shapes keeps its memory
-flat. The least recently used entry goes first; a hit costs one dict lookup and one move.
+flat. The least recently used entry goes first; a hit costs one dict lookup and one move (no lock:
+both are single C calls under the GIL; writers take a lock).
 
     compiled = LRU("cuda modules")          # a backend's compile cache
     mod = compiled.get(key)
@@ -27,6 +28,7 @@ DEFAULT_CAPACITY = 512
 _capacity = [DEFAULT_CAPACITY]
 #: every LRU made in this process (weakly held)
 CACHES: weakref.WeakSet[LRU] = weakref.WeakSet()
+_MISSING = object()
 
 
 class LRU:
@@ -37,28 +39,28 @@ class LRU:
         capacity: a fixed capacity; default: the ``cache_entries`` setting (resized with it).
     """
 
-    __slots__ = ("__weakref__", "_data", "_fixed", "_lock", "capacity", "hits", "misses", "name")
+    __slots__ = ("__weakref__", "_data", "_fixed", "_lock", "_lookup", "_touch", "capacity", "name")
 
     def __init__(self, name: str, capacity: int | None = None) -> None:
         self.name = name
         self._fixed = capacity is not None
         self.capacity = capacity if capacity is not None else _capacity[0]
         self._data: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self._lookup, self._touch = self._data.get, self._data.move_to_end
+        self._lock = threading.Lock()  # writers only: a lookup is two C calls, atomic under the GIL
         CACHES.add(self)
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value of ``key`` (made the most recent), else ``default``. Raises TypeError for an
-        unhashable key, as a dict does."""
-        with self._lock:
-            try:
-                self._data.move_to_end(key)
-            except KeyError:
-                self.misses += 1
-                return default
-            self.hits += 1
-            return self._data[key]
+        unhashable key, as a dict does. The hot path of every call: no lock."""
+        value = self._lookup(key, _MISSING)
+        if value is _MISSING:
+            return default
+        try:
+            self._touch(key)
+        except KeyError:  # evicted by another thread between the two calls: still a valid answer
+            pass
+        return value
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
         with self._lock:
@@ -68,15 +70,13 @@ class LRU:
                 self._data.popitem(last=False)
 
     def __getitem__(self, key: Hashable) -> Any:
-        missing = object()
-        value = self.get(key, missing)
-        if value is missing:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
             raise KeyError(key)
         return value
 
     def __contains__(self, key: Hashable) -> bool:
-        with self._lock:
-            return key in self._data
+        return key in self._data
 
     def pop(self, key: Hashable, default: Any = None) -> Any:
         with self._lock:

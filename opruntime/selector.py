@@ -180,8 +180,8 @@ class Plan:
     first drops it, announced once) and the next candidate runs; in strict mode the error raises.
     """
 
-    __slots__ = ("_lock", "casts", "device", "launch", "launch_of", "op", "order", "out_cls", "out_dtype", "plain",
-                 "problem", "result_shape", "rows", "settings", "trivial", "views", "why")
+    __slots__ = ("_lock", "casts", "device", "launch", "launch_of", "op", "order", "out_cls", "out_dtype", "out_shape",
+                 "plain", "problem", "result_shape", "rows", "settings", "trivial", "views", "why")
 
     def __init__(self, op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
                  casts: tuple[bool, ...], in_shapes: tuple[tuple[int, ...], ...]) -> None:
@@ -191,6 +191,7 @@ class Plan:
         self.result_shape = norm.result_shape
         self.trivial = norm.trivial
         self.out_dtype = np_dtype(problem.out_dtype)
+        self.out_shape = problem.out_shape
         self.order: list[Candidate] = []
         self.rows: list[Candidate] = []
         self.why = "nothing to compute" if norm.trivial else ""
@@ -226,7 +227,10 @@ class Plan:
                 raise _fatal(self, exc)  # noqa: B904 (the error itself, or one with its cause set)
             except Exception as exc:
                 return self._failed(launch, datas, exc)
-            if out.__class__ is self.out_cls and out.shape == self.problem.out_shape and out.dtype == self.out_dtype:
+            # NumPy's dtypes are singletons, so `is` is the cheap test; a miss is checked in full
+            if out.__class__ is self.out_cls and out.dtype is self.out_dtype and out.shape == self.out_shape:
+                return out
+            if out.__class__ is self.out_cls and out.dtype == self.out_dtype and out.shape == self.out_shape:
                 return out
             return self._failed(launch, datas, KernelError(self._wrong(out, datas) or "a result unlike the first"))
         if _tracing:
