@@ -175,7 +175,7 @@ def _roofline(ax: Any, rs: list[Result], device: str, roofs: dict[str, Any]) -> 
         roof = np.minimum(peak, bw * grid) if bw else np.full_like(grid, peak)
         ax.plot(grid, roof / 1e9, color=color, lw=1.5,
                 label=f"roof: {bw / 1e9:,.1f} GB/s, {peak / 1e9:,.1f} GFLOP/s ({dtype}"
-                      + (", raised to rates measured in this run)" if raised else " matmul)"))
+                      + (", raised to rates measured in this run)" if raised else ")"))
     ops = list(dict.fromkeys(p[2].op for p in pts))
     markers = dict(zip(ops, itertools.cycle("osD^v<>")))
     colors = dict(zip(ops, itertools.cycle(["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown"])))

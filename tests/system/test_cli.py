@@ -92,6 +92,23 @@ def test_peers_come_from_the_operator(capsys: pytest.CaptureFixture[str]):
     assert peers.contenders(op, case, host, opr.Device("cpu"), host[0], wanted=[]) == {}
 
 
+def test_peers_run_where_the_provider_says_the_data_lives():
+    def device(dlpack, accelerator=False):
+        def dlpack_device(data):
+            if dlpack is None:
+                raise AttributeError("no __dlpack_device__")
+            return dlpack
+
+        return SimpleNamespace(provider=SimpleNamespace(dlpack_device=dlpack_device, accelerator=accelerator))
+
+    assert peers.where(device((1, 0)), None) == peers.Where(True)
+    assert peers.where(device(None), None) == peers.Where(True)  # no DLPack, no accelerator: the host
+    assert peers.where(device((2, 3), accelerator=True), None) == peers.Where(False, 3)  # CUDA device 3
+    # an accelerator whose DLPack export is a host copy (OpenCL on a GPU) is not the host
+    assert peers.where(device((1, 0), accelerator=True), None) == peers.Where(False)
+    assert peers.where(device(None, accelerator=True), None) == peers.Where(False)
+
+
 def test_progress_lines_off_a_terminal():
     stream = io.StringIO()
     with Progress(2, "bench", stream=stream) as p:
