@@ -143,10 +143,10 @@ def cli() -> str:
     import os
 
     os.environ["COLUMNS"], os.environ["NO_COLOR"] = "100", "1"  # the same text on every terminal
-    from opruntime.cli import build_parser
+    from opruntime.tools.cli import build_parser
 
     parser = build_parser()
-    out = [HEADER.format(source="opruntime/cli.py"), "# Command line: `opruntime`\n\n"]
+    out = [HEADER.format(source="opruntime/tools/cli.py"), "# Command line: `opruntime`\n\n"]
     out.append("Generated from the command's own parser. Every command that prints a table also "
                "prints JSON with `--json` (`bench --json -` prints it instead of the table; "
                "`bench --json PATH` writes a file).\n\n")

@@ -31,7 +31,6 @@ import math
 import os
 import threading
 import tomllib
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
