@@ -142,14 +142,16 @@ class Registry:
         if wrong:
             self._fail(rec, f"opruntime_kernels returned {wrong[0]!r}, not an opruntime.Kernel")
             return
+        names: set[str] = set()
         for k in kernels:
             if k.plugin != rec.name:
                 self._refuse(rec, f"kernel {k.name!r} is outside its namespace: kernels of plugin {rec.name!r} "
                              f"are named '{rec.name}.<op>.<variant>'")
                 return
-            if k.name in self.kernels:
+            if k.name in self.kernels or k.name in names:  # twice in this plugin's list: one would hide the other
                 self._refuse(rec, f"kernel {k.name!r} is registered twice")
                 return
+            names.add(k.name)
         for p in providers:
             self.devices.append(Device._make(p))
             rec.devices.append(p.name)
@@ -249,8 +251,8 @@ def register(plugin: Any, name: str | None = None) -> None:
     """Register a plugin object in this process (tests, notebooks) and rebuild the registry.
 
     Raises:
-        PluginError: the plugin breaks the contract or claims a name another plugin owns (it is
-            not kept).
+        PluginError: the plugin breaks the contract, claims a name another plugin owns, or is
+            blocked by the ``plugins`` setting (it is not kept).
     """
     name = name or getattr(plugin, "__name__", repr(plugin))
     with _lock:
@@ -265,7 +267,8 @@ def register(plugin: Any, name: str | None = None) -> None:
                 warnings.simplefilter("ignore", FallbackWarning)
                 rec = registry().records.get(name)
         finally:
-            failed = _registry is None or (rec := _registry.records.get(name)) is None or rec.status == "failed"
+            failed = (_registry is None or (rec := _registry.records.get(name)) is None
+                      or rec.status in ("failed", "blocked"))  # blocked: it would do nothing, silently
             if failed:
                 _extra.remove((name, plugin))
                 reset()

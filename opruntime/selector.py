@@ -175,13 +175,15 @@ class Plan:
 
     Every result is checked: on the first call of each kernel, that it is a new array of the
     problem's shape and dtype owned by the device and sharing no memory with an operand; on every
-    later call, its class, shape and dtype (a few attribute reads). A kernel that fails or gives a
-    wrong result is dropped for this problem (thread-safely: only the thread that sees it fail
-    first drops it, announced once) and the next candidate runs; in strict mode the error raises.
+    later call, its class, shape and dtype (a few attribute reads) and that it is no operand itself
+    (a view of one is caught on the first call only: ``shares_memory`` on every call would cost
+    more than the rest of the check). A kernel that fails or gives a wrong result is dropped for
+    this problem (thread-safely: only the thread that sees it fail first drops it, announced once)
+    and the next candidate runs; in strict mode the error raises.
     """
 
-    __slots__ = ("_lock", "casts", "device", "launch", "launch_of", "op", "order", "out_cls", "out_dtype", "out_shape",
-                 "plain", "problem", "result_shape", "rows", "settings", "trivial", "views", "why")
+    __slots__ = ("_lock", "aliasable", "casts", "device", "launch", "launch_of", "op", "order", "out_cls", "out_dtype",
+                 "out_shape", "plain", "problem", "result_shape", "rows", "settings", "trivial", "views", "why")
 
     def __init__(self, op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
                  casts: tuple[bool, ...], in_shapes: tuple[tuple[int, ...], ...]) -> None:
@@ -192,6 +194,8 @@ class Plan:
         self.trivial = norm.trivial
         self.out_dtype = np_dtype(problem.out_dtype)
         self.out_shape = problem.out_shape
+        #: operands that have the result's shape: a kernel could hand one back as its result
+        self.aliasable = tuple(i for i, shape in enumerate(problem.shapes) if shape == problem.out_shape)
         self.order: list[Candidate] = []
         self.rows: list[Candidate] = []
         self.why = "nothing to compute" if norm.trivial else ""
@@ -227,11 +231,15 @@ class Plan:
                 raise _fatal(self, exc)  # noqa: B904 (the error itself, or one with its cause set)
             except Exception as exc:
                 return self._failed(launch, datas, exc)
-            # NumPy's dtypes are singletons, so `is` is the cheap test; a miss is checked in full
-            if out.__class__ is self.out_cls and out.dtype is self.out_dtype and out.shape == self.out_shape:
-                return out
-            if out.__class__ is self.out_cls and out.dtype == self.out_dtype and out.shape == self.out_shape:
-                return out
+            # NumPy's dtypes are singletons, so `is` is the cheap test; a miss is checked in full. An
+            # operand handed back as the result is caught too (identity, for operands of its shape)
+            if out.__class__ is self.out_cls and (out.dtype is self.out_dtype or out.dtype == self.out_dtype) \
+                    and out.shape == self.out_shape:
+                for i in self.aliasable:
+                    if out is datas[i]:
+                        break
+                else:
+                    return out
             return self._failed(launch, datas, KernelError(self._wrong(out, datas) or "a result unlike the first"))
         if _tracing:
             return self._traced(datas)

@@ -165,7 +165,7 @@ def host_array(op: str, x: Any) -> np.ndarray:
         except ValueError as exc:
             raise ShapeError(f"{op}: the operand is not a rectangular array ({exc}); give nested lists of equal "
                              f"lengths or an array") from None
-    if arr.dtype.kind in "OSUVMm":
+    if arr.dtype.kind in "OSUVMm" and arr.dtype.name != "bfloat16":  # ml_dtypes' bfloat16 is of kind "V"
         raise InputTypeError(f"{op}: operands must be numeric arrays; got a {arr.dtype} array from "
                              f"{type(x).__name__} (ragged lists, strings and objects are not arrays of numbers)")
     if arr.dtype.kind in "biu" and not isinstance(x, (np.ndarray, np.generic)) and not hasattr(x, "__dlpack__") \
