@@ -1,4 +1,9 @@
-"""Shared fixtures: ``device`` runs a test on every device present; skips say why."""
+"""Shared fixtures: ``device`` runs a test on every device present; skips say why.
+
+Tests live in the layers of the code they test (``core/``, ``ops/``, ``backends/<x>/``,
+``system/``); this file and ``fake_backend.py`` stay here and are importable from every layer
+(``from conftest import ...``, ``from fake_backend import ...``).
+"""
 
 from __future__ import annotations
 
@@ -77,10 +82,35 @@ def fake():
     opr.unregister("fake")
 
 
+@pytest.fixture
+def kernel_plugin():
+    """``add(name, *kernels, devices=())`` registers a plugin named ``name`` supplying ``kernels``
+    (and device providers ``devices``) for one test; unregistered after it."""
+    import types
+
+    names = []
+
+    def add(name, *kernels, devices=()):
+        hooks = {}
+        if kernels:
+            hooks["opruntime_kernels"] = opr.hookimpl(lambda: list(kernels))
+        if devices:
+            hooks["opruntime_devices"] = opr.hookimpl(lambda: list(devices))
+        opr.register(types.SimpleNamespace(__name__=name, **hooks), name=name)
+        names.append(name)
+        return [registry().kernels[k.name] for k in kernels]
+
+    yield add
+    for n in names:
+        opr.unregister(n)
+
+
 @pytest.fixture(autouse=True)
 def _clean_config(monkeypatch, tmp_path):
-    """Each test starts from defaults: no config file, no OPRUNTIME_* variables, no configure()."""
-    from opruntime import config, plugins, selector
+    """Each test starts from defaults: no config file, no OPRUNTIME_* variables, no configure(),
+    no plugin registered at run time (one a failing test left behind is removed, so that its
+    failure cannot spread to the tests after it), no open tuning-cache connection."""
+    from opruntime import cache, config, plugins, selector
 
     for var in list(config.ENV) + ["OPRUNTIME_CONFIG"]:
         monkeypatch.delenv(var, raising=False)
@@ -93,5 +123,13 @@ def _clean_config(monkeypatch, tmp_path):
     plugins._announced.clear()
     yield
     config._code.clear()
+    left = [name for name, _ in plugins._extra]
+    if left:
+        plugins._extra.clear()
+        plugins.reset()
     config.reload()
     selector.clear_cache()
+    for store in cache._caches.values():
+        store.close()
+    cache._caches.clear()
+    assert not left, f"the test left plugins registered: {left} (removed)"
