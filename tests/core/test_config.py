@@ -147,3 +147,49 @@ def test_settings_are_interned():
     with opr.override(tune="off") as b:
         pass
     assert a is b  # so the plan cache keeps hitting across blocks
+
+
+# -- findings: values that parsed as numbers but are no setting ---------------------------------------
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), "inf", "nan", "Infinity", 0, -1.0, True,
+                                   "2 s"])
+def test_finding_8_tune_budget_must_be_finite_seconds(value):
+    """Finding 8: ``tune_budget=inf`` (or nan, or the strings) was taken, and the tuner then
+    never stopped; every source now refuses it with a ConfigError (there is no environment
+    variable for it: configure() and files are the sources)."""
+    with pytest.raises(ConfigError, match="'tune_budget' must be a number of seconds > 0"):
+        opr.configure(tune_budget=value)
+    assert config.settings().tune_budget == 2.0  # the refused value left nothing behind
+
+
+def test_finding_8_tune_budget_in_a_file(tmp_path):
+    (tmp_path / "opruntime.toml").write_text("tune_budget = inf\n")  # TOML has inf and nan literals
+    config.reload()
+    with pytest.raises(ConfigError, match="opruntime.toml: 'tune_budget' must be a number of seconds > 0, got inf"):
+        config.settings()
+
+
+@pytest.mark.parametrize("key,value", [("tune_top_k", 0), ("tune_top_k", 2.5), ("tune_top_k", True),
+                                       ("tune_top_k", float("inf")), ("cache_entries", 0), ("cache_entries", "lots"),
+                                       ("cache_entries", float("nan"))])
+def test_counts_must_be_positive_ints(key, value):
+    with pytest.raises(ConfigError, match=f"'{key}' must be an int >= 1"):
+        opr.configure(**{key: value})
+
+
+def test_finding_14_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    """Finding 14: a config file with invalid UTF-8 raised UnicodeDecodeError; it is a
+    ConfigError naming the file."""
+    (tmp_path / "opruntime.toml").write_bytes(b'device = "cpu"\n# caf\xe9 \xff\xfe\n')
+    config.reload()
+    with pytest.raises(ConfigError, match=r"opruntime.toml: cannot read configuration: .*utf-8"):
+        config.settings()
+    (tmp_path / "opruntime.toml").unlink()
+    config.reload()
+    assert config.settings().device == ()
+
+
+def test_finding_14_config_env_var_naming_a_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPRUNTIME_CONFIG", str(tmp_path))
+    config.reload()
+    with pytest.raises(ConfigError, match="OPRUNTIME_CONFIG names .* which is not a file"):
+        config.settings()

@@ -11,6 +11,7 @@ from opruntime.errors import (
     DeviceMismatchError,
     DeviceUnavailableError,
     DtypeError,
+    InputTypeError,
     OpRuntimeError,
     ShapeError,
     UnknownDeviceError,
@@ -95,3 +96,102 @@ def test_errors_do_not_poison_the_cache():
         opr.matmul(ones(2, 3), ones(4, 5))
     with pytest.raises(ShapeError):  # validated again, not served from a cache
         opr.matmul(ones(2, 3), ones(4, 5))
+
+
+# -- findings: attribute types, host data, device arguments ------------------------------------------------
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("bad", [1.0, True, np.float32(1), "1", (1,)], ids=repr)
+def test_finding_7_a_bad_axis_is_refused_after_a_good_call(device, op, bad):
+    """Finding 7: ``softmax(x, axis=1.0)`` (and ``axis=True``) was served the plan that
+    ``axis=1`` had made: the plan-cache key holds each attribute's type, so it is validated and
+    refused, on the host-data path and on the Tensor fast path alike."""
+    x = ones(3, 4)
+    t = opr.tensor(x, device=device)
+    fn = getattr(opr, op)
+    for _ in range(2):  # the second call takes the cached plan
+        fn(x, axis=1, device=device)
+        fn(t, axis=1)
+    with pytest.raises(AttributeValueError, match=f"{op}: axis must be an int"):
+        fn(x, axis=bad, device=device)
+    with pytest.raises(AttributeValueError, match=f"{op}: axis must be an int"):
+        fn(t, axis=bad)
+    assert fn(t, axis=np.int64(1)).shape == (3, 4)  # NumPy ints are ints
+
+
+CONV_BAD = [("stride", 1.0), ("stride", True), ("stride", (1, 1.0)), ("stride", (True, 1)),
+            ("padding", 1.0), ("padding", True), ("padding", (1, 1.0)), ("dilation", (1.0, 1)), ("dilation", False),
+            ("groups", 1.0), ("groups", True)]
+
+
+@pytest.mark.parametrize("name,bad", CONV_BAD, ids=lambda v: repr(v))
+def test_finding_7_conv2d_attributes_must_be_ints_after_a_good_call(device, name, bad):
+    x, w = ones(1, 2, 5, 5), ones(2, 2, 3, 3)
+    tx, tw = opr.tensor(x, device=device), opr.tensor(w, device=device)
+    good = {"stride": 1, "padding": 1, "dilation": 1, "groups": 1}[name]
+    for _ in range(2):
+        opr.conv2d(x, w, device=device, **{name: good})
+        opr.conv2d(tx, tw, **{name: good})
+        opr.conv2d(tx, tw, **{name: (good, good)} if name != "groups" else {name: good})
+    with pytest.raises(AttributeValueError, match=f"conv2d: {name} must be"):
+        opr.conv2d(x, w, device=device, **{name: bad})
+    with pytest.raises(AttributeValueError, match=f"conv2d: {name} must be"):
+        opr.conv2d(tx, tw, **{name: bad})
+
+
+@pytest.mark.parametrize("data", [[[1.0, 2.0], [3.0]], [[1, 2], [3, [4]]], [np.ones(2), np.ones(3)]],
+                         ids=["ragged", "nested-ragged", "arrays-of-two-lengths"])
+def test_finding_14_ragged_lists_are_a_shape_error(device, data):
+    """Finding 14: ragged nested lists raised NumPy's bare ValueError; a ShapeError says what to give."""
+    with pytest.raises(ShapeError, match="softmax: the operand is not a rectangular array"):
+        opr.softmax(data, device=device)
+    with pytest.raises(ShapeError, match="tensor: the operand is not a rectangular array"):
+        opr.tensor(data, device=device)
+
+
+@pytest.mark.parametrize("bad", [123, 1.5, object(), {"cpu": 1}, ["cpu", 7], b"cpu"], ids=repr)
+def test_finding_14_a_device_that_is_not_a_name_is_an_unknown_device(bad):
+    """Finding 14: ``device=123`` raised AttributeError from deep inside; it is an UnknownDeviceError."""
+    with pytest.raises(UnknownDeviceError, match="device"):
+        opr.softmax(ones(3), device=bad)
+    with pytest.raises(UnknownDeviceError, match="device"):
+        opr.tensor(ones(3), device=bad)
+    with pytest.raises(UnknownDeviceError):
+        opr.Device(bad)
+
+
+@pytest.mark.parametrize("op", ["matmul", "softmax", "conv2d"])
+def test_finding_15_masked_arrays_are_refused_on_every_device(device, op):
+    """Findings 14 and 15: a masked array was computed with its mask ignored on one device and
+    dropped on another; every device refuses it the same way, before anything runs."""
+    m = np.ma.masked_array(ones(1, 1, 3, 3), mask=np.zeros((1, 1, 3, 3), bool))
+    m.mask[0, 0, 1, 1] = True
+    args = {"matmul": (m[0, 0], ones(3, 3)), "softmax": (m,), "conv2d": (m, ones(1, 1, 1, 1))}[op]
+    with pytest.raises(InputTypeError, match=f"{op}: masked arrays are not supported.*x.filled"):
+        getattr(opr, op)(*args, device=device)
+    with pytest.raises(InputTypeError, match="tensor: masked arrays are not supported"):
+        opr.tensor(m, device=device)
+    t = opr.tensor(ones(3, 3), device=device)
+    if op == "matmul":  # beside a Tensor (host data joins the Tensor's device): refused too
+        with pytest.raises(InputTypeError, match="masked"):
+            opr.matmul(t, m[0, 0])
+
+
+@pytest.mark.parametrize("data", [np.array(["a", "b"]), np.array([object(), 1.0], dtype=object),
+                                  np.array([np.datetime64("2020-01-01")])], ids=["str", "object", "datetime"])
+def test_non_numeric_arrays_are_an_input_type_error(data):
+    with pytest.raises(InputTypeError, match="operands must be numeric arrays"):
+        opr.softmax(data, device="cpu")
+
+
+def test_bfloat16_host_arrays_are_numbers_not_an_input_type_error():
+    """ml_dtypes' bfloat16 is a NumPy dtype of kind "V" (as structured arrays): host data in it
+    was refused as "not an array of numbers"; it is taken, and a device without bfloat16
+    kernels says so with a DtypeError."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.ones((2, 3), ml_dtypes.bfloat16)
+    t = opr.tensor(x, device="cpu")
+    assert t.dtype == np.dtype(ml_dtypes.bfloat16) and t.shape == (2, 3)
+    with pytest.raises(DtypeError, match="no kernel computes bfloat16 on cpu"):
+        opr.softmax(x, device="cpu")
+    with pytest.raises(InputTypeError, match="numeric"):
+        opr.softmax(np.zeros(3, [("a", np.float32)]), device="cpu")  # a structured array stays refused

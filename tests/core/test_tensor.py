@@ -1,4 +1,6 @@
-"""Tensor and device handles."""
+"""Tensor and device handles; the one memory rule (a Tensor never changes because the caller
+changed an array, and the caller cannot change a Tensor through ``.numpy()``) and the one
+host-data rule (byte order, masked, ragged, Python ints), on every device."""
 
 from __future__ import annotations
 
@@ -81,27 +83,6 @@ def test_import_is_fast():
     assert float(out.stdout) < 1.0
 
 
-@pytest.mark.parametrize("args", [["info"], ["info", "--json"], ["explain", "matmul", "--shape", "3x4,4x5"],
-                                  ["bench", "softmax", "--shape", "8x16", "--repeats", "2", "--peers", "numpy"]])
-def test_cli(args, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "opruntime.cli", *args], capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip()
-
-
-def test_cli_bench_json(tmp_path):
-    path = tmp_path / "b.json"
-    out = subprocess.run([sys.executable, "-m", "opruntime.cli", "bench", "matmul", "--shape", "16x16,16x16",
-                          "--repeats", "2", "--kernels", "--json", str(path), "--device", "cpu"],
-                         capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    import json
-
-    rec = json.loads(path.read_text())["results"][0]
-    assert rec["op"] == "matmul" and rec["time_s"] > 0 and rec["kernel"] == "numpy.matmul.blas"
-    assert "numpy" in rec["peers"] and rec["candidates"]
-
-
 def test_host_operands_are_placed_on_every_call(fake, rng):
     with opr.device("fake:1"):
         for _ in range(3):  # the first call builds the plan, the next ones take the cached path
@@ -110,3 +91,82 @@ def test_host_operands_are_placed_on_every_call(fake, rng):
             assert out.device.name == "fake:1" and out.data.__class__.__name__ == "FakeArray"
             np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5)
     assert fake.calls["run:a"] == 3
+
+
+# -- the memory rule (finding 4) ---------------------------------------------------------------------
+def test_finding_4_tensor_copies_host_data_on_every_device(device):
+    """Finding 4: on the cpu ``opr.tensor(a)`` kept ``a`` itself, so changing ``a`` changed the
+    Tensor; on every device the Tensor now holds its own copy."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = opr.tensor(a, device=device)
+    a[...] = -1
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_finding_4_numpy_is_read_only_or_a_copy_on_every_device(device):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = opr.tensor(x, device=device)
+    host = t.numpy()
+    if host.flags.writeable:  # a copy: writing into it leaves the Tensor as it is
+        host[...] = 7
+    else:
+        with pytest.raises(ValueError, match="read-only"):
+            host[...] = 7
+    np.testing.assert_array_equal(t.numpy(), x)
+    arr = np.asarray(t)
+    if arr.flags.writeable:
+        arr[...] = 7
+    np.testing.assert_array_equal(t.numpy(), x)
+
+
+def test_tensor_of_a_native_array_copies_it(device):
+    t = opr.tensor(np.ones(4, np.float32), device=device)
+    again = opr.tensor(t.data)  # a native array of the device: adopted on its device, copied
+    assert again.device == device and again.data is not t.data
+    if device.name == "cpu":
+        assert not np.shares_memory(again.data, t.data)
+
+
+def test_results_are_new_arrays_not_the_callers(device):
+    x = np.ones((2, 3), np.float32)
+    out = opr.softmax(x, device=device)
+    if device.name == "cpu":
+        assert not np.shares_memory(out.data, x)
+    x[...] = 5
+    np.testing.assert_allclose(out.numpy(), np.full((2, 3), 1 / 3), rtol=1e-6)
+
+
+# -- the host-data rule (finding 1) ---------------------------------------------------------------------
+@pytest.mark.parametrize("order", [">", "<"], ids=["big-endian", "little-endian"])
+@pytest.mark.parametrize("dtype", ["f4", "f8"])
+def test_finding_1_byte_order_is_converted_values_kept(device, order, dtype):
+    """Finding 1: a big-endian ``>f4`` / ``>f8`` array was handed to kernels as if native, giving
+    garbage (softmax of [1, 2, 3] came out as NaN / uniform); values are kept on every device."""
+    from conftest import dtypes_on
+
+    if dtype == "f8" and "float64" not in dtypes_on(device, "softmax"):
+        pytest.skip(f"no float64 kernels on {device.name}")
+    x = np.array([1, 2, 3], f"{order}{dtype}")
+    out = opr.softmax(x, device=device)
+    assert out.dtype == np.dtype(dtype) and out.dtype.isnative
+    np.testing.assert_allclose(out.numpy(), [0.09003057, 0.24472847, 0.66524096], rtol=1e-6)
+    a = np.arange(6, dtype=f"{order}{dtype}").reshape(2, 3)
+    b = np.array([[1, 0], [0, 1], [1, 1]], f"{order}{dtype}")
+    np.testing.assert_array_equal(opr.matmul(a, b, device=device).numpy(), [[2, 3], [8, 9]])
+    t = opr.tensor(a, device=device)
+    assert t.dtype.isnative
+    np.testing.assert_array_equal(t.numpy(), np.arange(6).reshape(2, 3))
+
+
+def test_finding_1_mixed_big_endian_and_native_operands(device):
+    from conftest import dtypes_on
+
+    if "float64" not in dtypes_on(device, "matmul"):
+        pytest.skip(f"no float64 kernels on {device.name}")
+    a = np.arange(6, dtype=">f4").reshape(2, 3)
+    b = np.array([[1, 0], [0, 1], [1, 1]], np.float64)
+    out = opr.matmul(a, b, device=device)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out.numpy(), [[2, 3], [8, 9]])
+    out = opr.matmul(a, b.astype(">f8")[::1], device=device)
+    np.testing.assert_array_equal(out.numpy(), [[2, 3], [8, 9]])

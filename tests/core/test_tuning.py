@@ -1,19 +1,15 @@
-"""Autotuning and the persistent tuning cache, with the fake backend's controllable timings."""
+"""Autotuning and selection from the persistent tuning cache, with the fake backend's controllable
+timings (the cache file itself: ``test_cache.py``)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import opruntime as opr
 from opruntime import cache, selector, tuning
-from opruntime.errors import FallbackWarning
-from opruntime.plugins import registry
 
 
 def operands(rng, m=4, k=5, n=3, device="fake:0"):
@@ -133,8 +129,10 @@ def test_budget_stops_before_a_candidate_that_would_overrun_it(fake, rng):
     assert status["fake.matmul.c"].startswith("not timed")
 
 
-def test_first_use_in_autotune_mode_retimes_near_ties(fake, rng):
-    delays(fake, a=0.010, b=0.0102, c=0.05)  # a and b within 5%: a near tie
+def test_first_use_in_autotune_mode_retimes_near_ties(fake, rng, monkeypatch):
+    # a and b 2% apart: a near tie, with room for this machine's jitter on 10 ms sleeps
+    monkeypatch.setattr(tuning, "REFINE_WITHIN", 0.3)
+    delays(fake, a=0.010, b=0.0102, c=0.05)
     opr.configure(tune="autotune")
     a, b = operands(rng)
     assert opr.explain("matmul", a, b).chosen == "fake.matmul.a"
@@ -206,72 +204,6 @@ def test_pow2_buckets_share_results(fake, rng):
     assert len(list(cache.tuning_cache().entries())) == 1
 
 
-def test_corrupt_cache_is_moved_aside(fake, rng, tmp_path):
-    path = cache.tuning_cache().path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"this is not a database" * 100)
-    cache._caches.clear()
-    opr.configure(tune="autotune")
-    with pytest.warns(FallbackWarning, match="is not a valid cache .* moved it to"):
-        opr.matmul(*operands(rng))
-    assert list(path.parent.glob("tuning.sqlite.corrupt-*"))
-    assert len(list(cache.tuning_cache().entries())) == 1
-
-
-def test_truncated_cache_is_moved_aside(fake, rng):
-    opr.configure(tune="autotune")
-    opr.matmul(*operands(rng))
-    store = cache.tuning_cache()
-    store.close()
-    for extra in ("-wal", "-shm"):
-        p = store.path.with_name(store.path.name + extra)
-        if p.exists():
-            p.unlink()
-    data = store.path.read_bytes()
-    store.path.write_bytes(data[: len(data) // 3])
-    cache._caches.clear()
-    forget_decisions()
-    with pytest.warns(FallbackWarning, match="not a valid cache"):
-        opr.matmul(*operands(rng, m=9))
-    assert cache.tuning_cache().get(tuning.device_key(opr.Device("fake:0")), "nothing") is None
-
-
-def test_export_import(fake, rng, tmp_path):
-    opr.configure(tune="autotune")
-    opr.matmul(*operands(rng))
-    out = tmp_path / "tuned.json"
-    assert cache.tuning_cache().export(out) == 1
-    assert json.loads(out.read_text())["entries"][0]["kernel"].startswith("fake.matmul.")
-    cache.tuning_cache().clear()
-    assert cache.tuning_cache().import_(out) == 1
-    with pytest.raises(ValueError, match="not an opruntime tuning-cache export"):
-        (tmp_path / "bad.json").write_text("{}")
-        cache.tuning_cache().import_(tmp_path / "bad.json")
-
-
-def test_two_processes_tune_into_one_file(tmp_path):
-    script = textwrap.dedent("""
-        import sys, numpy as np, opruntime as opr
-        sys.path.insert(0, sys.argv[1])
-        from fake_backend import FakeBackend
-        opr.register(FakeBackend(), name="fake")
-        opr.configure(tune="autotune", cache_dir=sys.argv[2])
-        rng = np.random.default_rng(int(sys.argv[3]))
-        for m in range(1, 25):
-            a = opr.tensor(rng.standard_normal((m, 4)).astype(np.float32), device="fake:0")
-            opr.matmul(a, np.ones((4, 3), np.float32))
-    """)
-    tests_dir = str(__import__("pathlib").Path(__file__).parent)
-    procs = [subprocess.Popen([sys.executable, "-c", script, tests_dir, str(tmp_path / "shared"), str(i)],
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-    entries = list(cache.TuningCache(tmp_path / "shared" / cache.FILENAME).entries())
-    assert len(entries) == 24  # both wrote the same 24 problems; no error, no lost or broken row
-    assert all(e.kernel.startswith("fake.matmul.") for e in entries)
-
-
 def test_trace_records_calls(tmp_path, rng):
     x = rng.standard_normal((8, 16)).astype(np.float32)
     with opr.trace() as t:
@@ -287,26 +219,6 @@ def test_trace_records_calls(tmp_path, rng):
     assert "numpy.softmax.fused" in t.summary()
     opr.matmul(x, x.T)
     assert len(t.events) == 3  # inactive after the block
-
-
-def test_cli_tune_and_cache(tmp_path):
-    env = {**__import__("os").environ, "OPRUNTIME_CACHE_DIR": str(tmp_path / "c"), "OPRUNTIME_PLUGINS": "numpy"}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "opruntime.cli", *a], capture_output=True,  # noqa: E731
-                                    text=True, env=env, cwd=tmp_path)
-    out = run("tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu")
-    assert out.returncode == 0, out.stderr
-    # the pointwise kernel and the im2col kernel's column-buffer configs
-    n_configs = 1 + len(registry().kernels["numpy.conv2d.im2col"].configs)
-    assert f"tuned now: fastest of {n_configs} timed" in out.stdout and "numpy.conv2d." in out.stdout
-    listed = run("cache", "list")
-    assert "numpy.conv2d." in listed.stdout and "(1 entries in" in listed.stdout
-    assert run("cache", "export", str(tmp_path / "e.json")).returncode == 0
-    assert "removed 1 entries" in run("cache", "clear").stdout
-    assert "imported 1 entries" in run("cache", "import", str(tmp_path / "e.json")).stdout
-    again = run("tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu")
-    assert "tuned earlier" in again.stdout
-    bad = run("tune", "softmax", "--shape", "3x3,3x3")
-    assert bad.returncode != 0 and "softmax takes x: give 1 to 1" in bad.stderr
 
 
 def test_host_bound_kernel_is_not_chosen_on_device_time_alone(fake, rng, monkeypatch):
