@@ -129,6 +129,28 @@ def test_conv2d_nan_and_inf_in_the_input_propagate(device, dtype):
         check(out, ref, dtype, device)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # 0 * inf, as NumPy says
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("attrs", [{"padding": 1}, {"padding": 2, "stride": 2}, {"padding": "same", "dilation": 2},
+                                   {"padding": (0, 2)}, {"padding": 1, "groups": 2}], ids=lambda a: str(a))
+@pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan], ids=["inf", "-inf", "nan"])
+def test_finding_6_conv2d_specials_at_padded_taps(device, dtype, attrs, special):
+    """Finding 6: a kernel that skipped the padded taps (instead of multiplying them by the zero
+    padding) gave finite values where the float64 reference has NaN (``0 * inf``): an inf or NaN
+    weight over padding gives NaN exactly where the reference does, on every device."""
+    skip_unless_dtype(device, "conv2d", dtype)
+    rng = np.random.default_rng()
+    x = host(rng.uniform(0.5, 2.0, (1, 2, 6, 7)), dtype)  # positive and finite: the NaNs come from the padding
+    w = host(rng.uniform(0.5, 2.0, (2, 2 // attrs.get("groups", 1), 3, 3)), dtype)
+    w[0, 0, 0, 0] = special  # the top-left tap: over the padding for the first output row and column
+    w[1, -1, 2, 1] = special  # a bottom tap of the other output channel
+    ref = reference("conv2d", x, w, **attrs)
+    assert np.isnan(ref).any()
+    if not np.isnan(special):
+        assert np.isinf(ref).any()  # and inf where the tap meets the data
+    check(opr.conv2d(x, w, device=device, **attrs), ref, dtype, device)
+
+
 # -- the dtype rule -----------------------------------------------------------------------------------------
 INT_ARRAYS = [np.arange(6, dtype=np.int32).reshape(2, 3), np.ones((2, 3), np.int64), np.ones((2, 3), np.uint8),
               np.ones((2, 3), bool), np.ones((2, 3), np.complex64)]

@@ -178,3 +178,29 @@ def test_problem_strides_are_those_of_the_reshaped_view(op, shapes, attrs):
         assert st != c_strides(shape)  # the step of 2 is kept
     out = getattr(opr, op)(*datas, **attrs).numpy()
     assert rel_err(out, OPS[op].reference(*datas, **attrs)) < TOLERANCE["float32"]
+
+
+# -- trivial results (finding 4) -------------------------------------------------------------------------
+@pytest.mark.parametrize("xs", [(1, 0, 3, 3), (2, 0, 1, 1), (0, 4, 4)], ids=str)
+def test_finding_4_conv2d_over_zero_channels_is_a_new_array_of_the_bias(device, xs):
+    """Finding 4: conv2d over 0 input channels with a bias returned the caller's bias array
+    itself (broadcast), so writing into the result wrote into the bias; it is a new array."""
+    o = 2
+    w = np.ones((o, 0, 1, 1), np.float32)
+    b = np.array([1.5, -2.0], np.float32)
+    tb = opr.tensor(b, device=device)
+    for bias in (b, tb):
+        out = opr.conv2d(np.ones(xs, np.float32), w, bias, device=device)
+        want = np.broadcast_to(b.reshape(-1, 1, 1), (o, *xs[-2:]))
+        if len(xs) == 4:
+            want = np.broadcast_to(want, (xs[0], *want.shape))
+        np.testing.assert_array_equal(out.numpy(), want)
+        assert out.data is not tb.data and out.device == device
+        if device.name == "cpu":
+            assert not np.shares_memory(out.data, b) and not np.shares_memory(out.data, tb.data)
+        before = out.numpy().copy()
+        b[...] = 9  # the caller's bias changes: the result does not
+        np.testing.assert_array_equal(out.numpy(), before)
+        b[...] = (1.5, -2.0)
+    without = opr.conv2d(np.ones(xs, np.float32), w, device=device)
+    assert not without.numpy().any() and without.numpy().shape == np.broadcast_shapes(want.shape)
