@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 import opruntime as opr
+from opruntime import hookspecs
+from opruntime.errors import FallbackWarning, PluginError
 from opruntime.ops import OPS
-from opruntime.plugins import registry
+from opruntime.plugins import Registry, registry
 from opruntime.testing import (
     QUICK_CASES,
     check_frontend_edges,
@@ -103,26 +105,10 @@ def test_suite_runs_as_a_pytest_package():
 
 
 # -- the suite catches broken plugins ------------------------------------------------------------------
-def _register_kernels(name, *kernels):
-    @opr.hookimpl
-    def opruntime_kernels():
-        return list(kernels)
-
-    opr.register(types.SimpleNamespace(opruntime_kernels=opruntime_kernels, __name__=name), name=name)
-
-
 @pytest.fixture
-def broken():
-    names = []
-
-    def add(name, *kernels):
-        names.append(name)
-        _register_kernels(name, *kernels)
-        return [registry().kernels[k.name] for k in kernels]
-
-    yield add
-    for n in names:
-        opr.unregister(n)
+def broken(kernel_plugin):
+    """``broken(name, *kernels)``: a kernel-only plugin registered for one test; its registered kernels."""
+    return kernel_plugin
 
 
 def test_catches_a_wrong_kernel(broken):
@@ -185,15 +171,28 @@ def test_catches_a_kernel_whose_supports_lies(broken):
 
 
 def test_catches_malformed_kernel_records(broken):
+    """Records the registry takes but a kernel must not have: dtypes outside the float dtypes,
+    no configs."""
     ok = OPS["softmax"].reference
     broken("sloppy",
-           opr.Kernel("softmax", "sloppy_softmax", "cpu", frozenset({"float32"}), ok),
            opr.Kernel("softmax", "sloppy.softmax.ints", "cpu", frozenset({"int32"}), ok),
            opr.Kernel("softmax", "sloppy.softmax.noconfig", "cpu", frozenset({"float32"}), ok, configs=()))
     text = summary(failures(check_hooks("sloppy")))
-    assert "name must read '<backend>.softmax.<variant>'" in text
     assert "must be a non-empty subset of" in text
     assert "configs must be a non-empty tuple" in text
+
+
+def test_catches_a_kernel_outside_its_namespace():
+    """The registry refuses the plugin (``opr.register`` raises; an entry point is disabled);
+    the suite reports the refusal as the plugin's failure."""
+    plugin = types.SimpleNamespace(__name__="sloppy", opruntime_kernels=opr.hookimpl(
+        lambda: [opr.Kernel("softmax", "sloppy_softmax", "cpu", frozenset({"float32"}), OPS["softmax"].reference)]))
+    with pytest.raises(PluginError, match="outside its namespace"):
+        opr.register(plugin)
+    with pytest.warns(FallbackWarning, match="outside its namespace"):
+        reg = Registry([("sloppy", plugin)], entry_points=False)
+    text = summary(failures(check_hooks("sloppy", reg)))
+    assert "kernel 'sloppy_softmax' is outside its namespace" in text
 
 
 def test_catches_a_lossy_device():
@@ -228,17 +227,18 @@ def test_catches_a_lossy_device():
 
 
 def test_catches_an_unmarked_hook():
+    """The suite reports what ``hookspecs.contract_errors`` finds, as the registry refuses by it:
+    ``opr.register`` raises it, an entry point is disabled with it, ``check_hooks`` lists it."""
     def opruntime_kernels():  # forgot @opr.hookimpl
         return []
 
-    @opr.hookimpl
-    def opruntime_devices():
-        return []
-
-    opr.register(types.SimpleNamespace(opruntime_kernels=opruntime_kernels, opruntime_devices=opruntime_devices,
-                                       __name__="unmarked"), name="unmarked")
-    try:
-        text = summary(failures(check_hooks("unmarked")))
-    finally:
-        opr.unregister("unmarked")
-    assert "opruntime_kernels is not marked @opruntime.hookimpl" in text
+    plugin = types.SimpleNamespace(opruntime_kernels=opruntime_kernels, opruntime_devices=opr.hookimpl(lambda: []),
+                                   __name__="unmarked")
+    (error,) = hookspecs.contract_errors(plugin)
+    assert error == "opruntime_kernels is not marked @opruntime.hookimpl: pluggy would never call it"
+    with pytest.raises(PluginError) as info:
+        opr.register(plugin)
+    assert error in str(info.value)
+    with pytest.warns(FallbackWarning, match="not marked @opruntime.hookimpl"):
+        reg = Registry([("unmarked", plugin)], entry_points=False)
+    assert error in summary(failures(check_hooks("unmarked", reg)))

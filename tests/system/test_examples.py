@@ -3,8 +3,9 @@
 Every example script runs in a subprocess (as a user runs it) and checks its own results against
 float64 references; the plugin template's tests run against the template installed as a package
 (``make test`` installs it into ``build/plugin_template``; nothing is installed here); the
-generated reference pages must match the code; the CLI's ``--json``, ``--plot`` and progress
-output work.
+generated reference pages must match the code; the ``opruntime`` command (``opruntime.tools``)
+works as a user runs it: ``info``, ``explain``, ``bench`` with ``--json``, ``--plot`` and progress,
+``tune`` and the ``cache`` subcommands.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "examples" / "plugin_template"
 TEMPLATE_INSTALL = ROOT / "build" / "plugin_template"  # where `make test` installs the template
 # mlp_inference.py and device_config/run.py run in their own tests below
@@ -94,7 +95,7 @@ def test_generated_reference_pages_are_current() -> None:
 
 # -- the CLI: --json, --plot, progress --------------------------------------------------------------
 def test_bench_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    from opruntime.cli import main
+    from opruntime.tools.cli import main
 
     assert main(["bench", "matmul", "--shape", "33x17,17x9", "--device", "cpu", "--repeats", "1",
                  "--peers", "numpy", "--json", "-"]) == 0
@@ -105,7 +106,7 @@ def test_bench_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
-    from opruntime.cli import main
+    from opruntime.tools.cli import main
 
     assert main(["explain", "conv2d", "--shape", "1x3x8x8,4x3x3x3", "--attr", "padding=1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -115,8 +116,8 @@ def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bench_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib")
-    from opruntime import benchplot
-    from opruntime.cli import main
+    from opruntime.tools import plot as benchplot
+    from opruntime.tools.cli import main
 
     roofs = []
 
@@ -136,8 +137,8 @@ def test_bench_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_roofs_are_raised_to_measured_rates() -> None:
-    from opruntime.bench import Result
-    from opruntime.benchplot import _fit_roofs
+    from opruntime.tools.bench import Result
+    from opruntime.tools.plot import _fit_roofs
 
     compute_bound = Result("matmul", "p", "float32", "cpu", time_s=1.0, flops=100e9, bytes=1e9, peers={"x": 0.5})
     assert _fit_roofs(10e9, {"float32": 50e9}, [compute_bound]) == (10e9, {"float32": 200e9}, True)
@@ -147,7 +148,7 @@ def test_roofs_are_raised_to_measured_rates() -> None:
 
 
 def test_bench_plot_without_matplotlib_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opruntime import benchplot
+    from opruntime.tools import plot as benchplot
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
@@ -156,7 +157,7 @@ def test_bench_plot_without_matplotlib_says_what_to_do(monkeypatch: pytest.Monke
 
 
 def test_progress_lines_when_not_a_terminal() -> None:
-    from opruntime.progress import Progress
+    from opruntime.tools.progress import Progress
 
     stream = io.StringIO()
     with Progress(2, "bench", stream=stream) as p:
@@ -164,3 +165,47 @@ def test_progress_lines_when_not_a_terminal() -> None:
         p.update(1, "second")
         p.update(2)
     assert stream.getvalue() == "[1/2] first\n[2/2] second\n"
+
+
+# -- the command as a user runs it (a child process) -----------------------------------------------
+def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opruntime.tools", *args], capture_output=True, text=True,
+                          env=env or _env(), cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("args", [["info"], ["info", "--json"], ["explain", "matmul", "--shape", "3x4,4x5"],
+                                  ["bench", "softmax", "--shape", "8x16", "--repeats", "2", "--peers", "numpy"]])
+def test_cli(args: list[str], tmp_path: Path) -> None:
+    out = _cli(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+
+
+def test_cli_bench_json(tmp_path: Path) -> None:
+    path = tmp_path / "b.json"
+    out = _cli("bench", "matmul", "--shape", "16x16,16x16", "--repeats", "2", "--kernels", "--json", str(path),
+               "--device", "cpu", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(path.read_text())["results"][0]
+    assert rec["op"] == "matmul" and rec["time_s"] > 0 and rec["kernel"] == "numpy.matmul.blas"
+    assert "numpy" in rec["peers"] and rec["candidates"]
+
+
+def test_cli_tune_and_cache(tmp_path: Path) -> None:
+    from opruntime.plugins import registry
+
+    env = _env(OPRUNTIME_CACHE_DIR=str(tmp_path / "c"), OPRUNTIME_PLUGINS="numpy")
+    out = _cli("tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu", env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    # the pointwise kernel and the im2col kernel's column-buffer configs
+    n_configs = 1 + len(registry().kernels["numpy.conv2d.im2col"].configs)
+    assert f"tuned now: fastest of {n_configs} timed" in out.stdout and "numpy.conv2d." in out.stdout
+    listed = _cli("cache", "list", env=env, cwd=tmp_path)
+    assert "numpy.conv2d." in listed.stdout and "(1 entries in" in listed.stdout
+    assert _cli("cache", "export", str(tmp_path / "e.json"), env=env, cwd=tmp_path).returncode == 0
+    assert "removed 1 entries" in _cli("cache", "clear", env=env, cwd=tmp_path).stdout
+    assert "imported 1 entries" in _cli("cache", "import", str(tmp_path / "e.json"), env=env, cwd=tmp_path).stdout
+    again = _cli("tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu", env=env, cwd=tmp_path)
+    assert "tuned earlier" in again.stdout
+    bad = _cli("tune", "softmax", "--shape", "3x3,3x3", env=env, cwd=tmp_path)
+    assert bad.returncode != 0 and "softmax takes x: give 1 to 1" in bad.stderr

@@ -1,11 +1,17 @@
-"""Memory: 10,000 calls of each operator leave host memory flat (tracemalloc: Python allocations;
-RSS: everything, native buffers included) and device memory flat (CuPy's pool, JAX's memory
-stats, the OpenCL pool's active blocks; on the GPU machine for GPU devices)."""
+"""Memory stays flat: 10,000 calls of each operator leave host memory flat (tracemalloc: Python
+allocations; RSS: everything, native buffers included) and device memory flat (CuPy's pool, JAX's
+memory stats, the OpenCL pool's active blocks; on the GPU machine for GPU devices); and calls on
+ever new shapes keep every cache within its bound (``cache_entries``) and RSS flat."""
 
 from __future__ import annotations
 
 import gc
+import json
+import os
 import resource
+import subprocess
+import sys
+import textwrap
 import tracemalloc
 
 import numpy as np
@@ -119,3 +125,70 @@ def test_the_check_catches_a_small_per_call_leak():
     finally:
         opr.unregister("leaky")
     assert grown > TRACED_SLACK
+
+
+# -- distinct shapes ---------------------------------------------------------------------------------
+DISTINCT = textwrap.dedent("""
+    import json, resource, sys
+    import numpy as np
+    import opruntime as opr
+    from opruntime import lru
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+
+    dev, marks = sys.argv[1], [int(m) for m in sys.argv[2].split(",")]
+    rng, seen = np.random.default_rng(0), {}
+    for i in range(marks[-1]):
+        x = rng.standard_normal((1 + i % 37, 5 + i)).astype(np.float32)
+        opr.softmax(x, device=dev).numpy()
+        if i + 1 in marks:
+            seen[i + 1] = rss()
+    caches = {c.name: [len(c), c.capacity] for c in lru.CACHES}
+    print(json.dumps({"rss": seen, "caches": caches}))
+""")
+#: (warm, middle, end) shape counts per device kind. JAX compiles an executable per new shape
+#: (tens of ms each on this 2-core machine): 400 shapes keep its case under ~20 s, and the 300
+#: after the warm-up are still ~5x the caches' capacity (64), so whatever is kept per shape is kept
+#: 236 times over the bound: the regression this guards against, +1.7 GB over 1000 shapes on
+#: jax:cpu (~1.7 MB a shape), would show as ~500 MB.
+MARKS = {"jax": (100, 250, 400)}
+CAPACITY = 64
+#: RSS growth allowed from the warm mark to the end, and over the second half (the caches full).
+#: Justified by what a leak would cost: one float32 operand kept per shape is ~37 MB over shapes
+#: 200..1000 (~74 MB with its result), a plan or launch kept per shape more, the issue's leak
+#: ~1.4 GB. What does grow legitimately is seen below 20 MiB: the OpenCL program LRU filling
+#: toward its capacity (25 -> 34 PoCL programs, 1-2 MiB each) and allocator and pool bins of new
+#: size classes; once the caches are full (the second half) growth is a few MiB.
+GROWTH = 48 << 20
+LATE_GROWTH = 16 << 20
+
+
+def _cpu_side(names: list[str]) -> list[str]:
+    return [n for n in names if n == "cpu" or n.startswith("opencl") or n.startswith("jax:cpu")]
+
+
+@pytest.mark.parametrize("name", _cpu_side([d.name for d in registry().devices]))
+def test_distinct_shapes_keep_caches_bounded_and_memory_flat(name):
+    """softmax on 1000 distinct shapes ((1 + i % 37, 5 + i)) in a fresh process with
+    ``OPRUNTIME_CACHE_ENTRIES=64``: every LRU in ``opruntime.lru.CACHES`` holds at most 64
+    entries, and RSS after the last shape is within :data:`GROWTH` of RSS after 200 (and within
+    :data:`LATE_GROWTH` over the last half). Each CPU-side device present; RSS from
+    ``/proc/self/statm``."""
+    dev = opr.Device(name)
+    if dev.provider.accelerator:
+        pytest.skip(f"{name} has its own memory: RSS does not show it")
+    warm, middle, end = MARKS.get(dev.kind, (200, 600, 1000))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPRUNTIME_")}
+    env |= {"OPRUNTIME_CACHE_ENTRIES": str(CAPACITY), "OPRUNTIME_CACHE_DIR": os.environ["OPRUNTIME_CACHE_DIR"]}
+    proc = subprocess.run([sys.executable, "-c", DISTINCT, name, f"{warm},{middle},{end}"], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    full = {n: (size, cap) for n, (size, cap) in report["caches"].items() if size > CAPACITY}
+    assert not full, f"caches holding more than {CAPACITY} entries after {end} shapes on {name}: {full}"
+    rss = {int(k): v for k, v in report["rss"].items()}
+    grown, late = rss[end] - rss[warm], rss[end] - rss[middle]
+    assert grown <= GROWTH, f"RSS grew {grown / 2**20:.1f} MiB from shape {warm} to {end} on {name}: {report}"
+    assert late <= LATE_GROWTH, f"RSS grew {late / 2**20:.1f} MiB from shape {middle} to {end} on {name}: {report}"
