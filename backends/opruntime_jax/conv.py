@@ -1,6 +1,11 @@
 """conv2d on JAX devices: XLA's ``lax.conv_general_dilated`` (cuDNN on GPUs), every attribute
 passed through: stride, four-sided padding, dilation (as ``rhs_dilation``), groups (as
-``feature_group_count``) and bias, at ``Precision.HIGHEST`` for float32."""
+``feature_group_count``) and bias, at ``Precision.HIGHEST`` for float32.
+
+XLA aborts the whole process (an absl ``BadStatusOrAccess``, no Python exception) on a shape
+whose element count overflows int64: padding ``2**31`` on every side of a 3x3 input gives a
+``4294967298 x 4294967298`` result and did. :func:`supports` declines such problems, so that the
+frontend reports them (no kernel supports it / out of memory) instead of the process dying."""
 
 from __future__ import annotations
 
@@ -32,6 +37,28 @@ def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
     return conv
 
 
+#: Every extent (dimension, stride, padding, dilation, padded or dilated size) must be below this:
+#: no such tensor fits in a device, and it keeps XLA's int64 element counts from overflowing.
+INT32 = 2**31
+#: Element counts (of the padded input and the result) must be below this; XLA's shape check
+#: aborts beyond it.
+INT64 = 2**63
+
+
+def supports(problem: Problem) -> bool:
+    """False for a problem XLA cannot represent: any dimension, stride, padding, dilation, padded
+    input extent or dilated window extent of 2**31 or more, or an element count (of the padded
+    input or of the result) of 2**63 or more. Such a result would not fit in any device anyway."""
+    at = problem.attrs
+    (n, c, h, w), (_, _, kh, kw) = problem.shapes[:2]
+    pt, pb, pl, pr = at["padding"]
+    dh, dw = at["dilation"]
+    padded = (n, c, h + pt + pb, w + pl + pr)
+    extents = (*(d for s in problem.shapes for d in s), *problem.out_shape, *at["stride"], *at["padding"],
+               dh, dw, at["groups"], *padded, dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+    return max(extents) < INT32 and math.prod(padded) < INT64 and math.prod(problem.out_shape) < INT64
+
+
 def xla_cost(problem: Problem, config: Any) -> float:
     _, cg, kh, kw = problem.shapes[1]
     flops = 2.0 * math.prod(problem.out_shape) * cg * kh * kw
@@ -40,7 +67,7 @@ def xla_cost(problem: Problem, config: Any) -> float:
 
 def kernels() -> list[Kernel]:
     return [
-        #       op        name                 kind   dtypes  run
-        Kernel("conv2d", "jax.conv2d.xla", "jax", FLOATS, **JitKernel("jax.conv2d.xla", build_xla).callables(),
-               cost=xla_cost, vendor=True, source="lax.conv_general_dilated NCHW/OIHW precision=HIGHEST for f32/f64"),
+        #       op        name                 kind   dtypes  prepare
+        Kernel("conv2d", "jax.conv2d.xla", "jax", FLOATS, prepare=JitKernel("jax.conv2d.xla", build_xla).prepare,
+               supports=supports, cost=xla_cost, vendor=True, source="lax.conv_general_dilated NCHW/OIHW precision=HIGHEST for f32/f64"),
     ]

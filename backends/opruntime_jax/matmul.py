@@ -43,7 +43,7 @@ PALLAS_EFF = {"cpu": (0.002, 0.002, 100.0), "gpu": (0.85, 0.93, 1.5), "tpu": (0.
 
 
 def pallas_cost(problem: Problem, config: Mapping[str, Any]) -> float:
-    f32, half, launch = PALLAS_EFF.get(platform(problem.device), (0.5, 0.5, 1.5))
+    f32, half, launch = PALLAS_EFF.get(platform(problem), (0.5, 0.5, 1.5))
     eff = half if problem.dtype in ("float16", "bfloat16") else f32
     bm, bn, _ = pallas_matmul.blocks(problem, config)
     m, n = problem.shapes[0][-2], problem.shapes[1][-1]
@@ -64,7 +64,7 @@ PALLAS_CONFIGS = {
 
 
 def pallas_configs(problem: Problem) -> list[dict[str, Any]]:
-    plat = platform(problem.device)
+    plat = platform(problem)
     fam = "float32" if problem.dtype == "float32" else "half"
     rows = PALLAS_CONFIGS.get((plat, fam)) or PALLAS_CONFIGS.get((plat, "float32")) or PALLAS_CONFIGS[("gpu", fam)]
     keys = ("bm", "bn", "bk", "num_warps", "num_stages")
@@ -73,11 +73,11 @@ def pallas_configs(problem: Problem) -> list[dict[str, Any]]:
 
 def kernels() -> list[Kernel]:
     return [
-        #       op        name                         kind   dtypes         run
-        Kernel("matmul", "jax.matmul.xla", "jax", FLOATS, **JitKernel("jax.matmul.xla", build_xla).callables(),
+        #       op        name                         kind   dtypes         prepare
+        Kernel("matmul", "jax.matmul.xla", "jax", FLOATS, prepare=JitKernel("jax.matmul.xla", build_xla).prepare,
                cost=xla_cost, vendor=True, source="jnp.matmul precision=HIGHEST for f32/f64"),
         Kernel("matmul", "jax.matmul.pallas_blocked", "jax", PALLAS_FLOATS,
-               **JitKernel("jax.matmul.pallas_blocked", pallas_matmul.build).callables(),
+               prepare=JitKernel("jax.matmul.pallas_blocked", pallas_matmul.build).prepare,
                supports=pallas_matmul.supports, cost=pallas_cost, config_for=pallas_configs,
                configs=({"bm": 64, "bn": 64, "bk": 32},), source=_source(pallas_matmul)),
     ]

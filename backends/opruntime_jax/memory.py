@@ -3,6 +3,11 @@
 
 float64 data is made inside :func:`~.compile.x64_scope` (``jax_enable_x64`` for this thread
 only), so the user's own JAX code keeps its global setting.
+
+JAX runs computations asynchronously: a result whose allocation failed comes back as an array and
+fails when it is waited on (and exporting it through DLPack aborts the process). So everything
+here that reads device data waits on it first and raises JAX's out-of-memory errors as
+:class:`~opruntime.errors.OutOfMemoryError`.
 """
 
 from __future__ import annotations
@@ -14,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from opruntime import DeviceProvider
-from opruntime.errors import OutOfMemoryError
 
-from .compile import x64_scope
+from .compile import raise_if_oom, x64_scope
 
 #: default-device order: a TPU or GPU reached through JAX ranks high; JAX on the host ranks
 #: below the NumPy ``cpu`` device, so that stays the default on CPU-only machines.
@@ -47,7 +51,8 @@ def discover() -> list[JaxDevice]:
 
 
 class JaxDevice(DeviceProvider):
-    """One JAX device. ``jdev`` is the ``jax.Device``; ``platform`` is ``cpu``, ``gpu`` or ``tpu``."""
+    """One JAX device. ``jdev`` is the ``jax.Device``; ``platform`` is ``cpu``, ``gpu`` or ``tpu``:
+    kernels read both from ``problem.device.provider``."""
 
     kind = "jax"
 
@@ -59,6 +64,7 @@ class JaxDevice(DeviceProvider):
         self.aliases = (f"jax:{platform}",) if index == 0 else ()
         self.priority = PRIORITY.get(platform, 5)
         self.description = str(getattr(jdev, "device_kind", platform))
+        self.accelerator = platform in ("gpu", "tpu")
         self.array_types = (jax.Array,)
         self._sync: Any = None
 
@@ -69,21 +75,19 @@ class JaxDevice(DeviceProvider):
     def _put(self, array: Any) -> Any:
         import jax
 
+        if not array.dtype.isnative:  # JAX refuses big-endian dtypes: same values, native order
+            array = array.astype(array.dtype.newbyteorder("="))
         try:
             if np.dtype(array.dtype) == np.float64:
                 with x64_scope():
                     return jax.device_put(array, self.jdev)
             return jax.device_put(array, self.jdev)
         except Exception as exc:
-            self._oom(exc, f"placing {tuple(array.shape)} {array.dtype}")
+            raise_if_oom(exc, f"{self.name}: out of memory placing a {tuple(array.shape)} {array.dtype} array")
             raise
 
     def to_host(self, data: Any) -> np.ndarray:
-        try:  # wait first: an allocation that failed surfaces here as an error, not as an abort in np.array
-            data.block_until_ready()
-        except Exception as exc:
-            self._oom(exc, f"computing a {tuple(data.shape)} {data.dtype} result")
-            raise
+        self.wait(data)  # an allocation that failed is raised typed here, not as an abort in np.array
         return np.array(data, copy=True)  # a writable host copy (np.asarray may alias on the CPU)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
@@ -98,14 +102,19 @@ class JaxDevice(DeviceProvider):
                     return jnp.zeros(shape, dtype, device=self.jdev).block_until_ready()
             return jnp.zeros(shape, dtype, device=self.jdev).block_until_ready()
         except Exception as exc:
-            self._oom(exc, f"allocating {tuple(shape)} {dtype}")
+            raise_if_oom(exc, f"{self.name}: out of memory allocating a {tuple(shape)} {dtype} array")
             raise
 
     def astype(self, data: Any, dtype: np.dtype) -> Any:
-        if np.dtype(dtype) == np.float64 or data.dtype == np.float64:
-            with x64_scope():
-                return data.astype(dtype)
-        return data.astype(dtype)
+        try:
+            if np.dtype(dtype) == np.float64 or data.dtype == np.float64:
+                with x64_scope():
+                    return data.astype(dtype)
+            return data.astype(dtype)
+        except Exception as exc:
+            raise_if_oom(exc, f"{self.name}: out of memory converting a {tuple(data.shape)} {data.dtype} array "
+                              f"to {dtype}")
+            raise
 
     def owns(self, data: Any) -> bool:
         """A ``jax.Array`` that lives on this device alone."""
@@ -116,6 +125,22 @@ class JaxDevice(DeviceProvider):
         except Exception:  # a tracer or a deleted array
             return False
         return len(devs) == 1 and self.jdev in devs
+
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        """Identity only: JAX arrays are immutable, so distinct arrays never alias observably."""
+        return a is b
+
+    def free_memory(self) -> int | None:
+        """``bytes_limit - bytes_in_use`` where the device reports them (GPU, TPU); on the CPU the
+        host's available memory (``MemAvailable`` of ``/proc/meminfo``; it knows nothing of a
+        cgroup or ``ulimit`` limit); else None."""
+        try:
+            stats = self.jdev.memory_stats() or {}
+        except Exception:  # not every platform reports memory
+            stats = {}
+        if "bytes_limit" in stats:
+            return max(0, int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+        return host_available() if self.platform == "cpu" else None
 
     # -- DLPack -----------------------------------------------------------------------------------
     def from_dlpack(self, obj: Any) -> Any:
@@ -129,6 +154,10 @@ class JaxDevice(DeviceProvider):
                 return arr if self.owns(arr) else jax.device_put(arr, self.jdev)
         except Exception:
             return self._put(np.from_dlpack(obj))
+
+    def to_dlpack(self, data: Any, **kwargs: Any) -> Any:
+        self.wait(data)  # exporting a buffer whose computation failed aborts the process: fail typed first
+        return data.__dlpack__(**kwargs)
 
     # -- execution --------------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -144,7 +173,12 @@ class JaxDevice(DeviceProvider):
         tick(scalar).block_until_ready()
 
     def wait(self, data: Any) -> None:
-        data.block_until_ready()
+        """Wait for ``data``; a computation that ran out of memory raises ``OutOfMemoryError``."""
+        try:
+            data.block_until_ready()
+        except Exception as exc:
+            raise_if_oom(exc, f"{self.name}: out of memory computing a {tuple(data.shape)} {data.dtype} result")
+            raise
 
     def time(self, fn: Callable[[], Any], *, repeats: int = 20, warmup: int = 3) -> list[float]:
         """Seconds per run, host clock around ``fn()`` and ``block_until_ready`` on its result."""
@@ -163,6 +197,11 @@ class JaxDevice(DeviceProvider):
                 jax.block_until_ready(out)
             times.append(time.perf_counter() - t0)
         return times
+
+    def roofline(self) -> None:
+        """None: have the bench measure the roofs. ``compile.FIGURES`` are rough per-platform
+        figures for ranking kernels, not this device's."""
+        return None
 
     def fingerprint(self) -> dict[str, str]:
         import jax
@@ -188,6 +227,14 @@ class JaxDevice(DeviceProvider):
             pass
         return facts
 
-    def _oom(self, exc: Exception, what: str) -> None:
-        if "RESOURCE_EXHAUSTED" in str(exc) or "out of memory" in str(exc).lower():
-            raise OutOfMemoryError(f"{self.name}: out of memory {what}: {exc}") from exc
+
+def host_available() -> int | None:
+    """The host's available memory in bytes (``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -44,12 +44,12 @@ def _kernel(a_ref: Any, b_ref: Any, o_ref: Any, *, bk: int, nk: int, precision: 
 def blocks(problem: Problem, config: Mapping[str, Any]) -> tuple[int, int, int]:
     """The config's (bm, bn, bk), shrunk to the problem (never below the platform's minimum)."""
     (*_, m, k), (*_, n) = problem.shapes[0], problem.shapes[1]
-    mins = MIN_BLOCK.get(platform(problem.device), DEFAULT_MIN)
+    mins = MIN_BLOCK.get(platform(problem), DEFAULT_MIN)
     return tuple(min(config[b], max(lo, next_pow2(d))) for b, lo, d in zip(("bm", "bn", "bk"), mins, (m, n, k)))
 
 
 def supports(problem: Problem) -> bool:
-    if platform(problem.device) != "tpu":
+    if platform(problem) != "tpu":
         return True
     bm, bn, bk = blocks(problem, {"bm": 128, "bn": 128, "bk": 128})
     kp = round_up(problem.shapes[0][-1], bk)
@@ -69,7 +69,7 @@ def build(problem: Problem, config: Mapping[str, Any]) -> Any:
     bm, bn, bk = blocks(problem, config)
     mp, np_, kp = round_up(m, bm), round_up(n, bn), round_up(k, bk)
     kernel = functools.partial(_kernel, bk=bk, nk=kp // bk, precision=matmul_precision(problem.dtype))
-    mode = pallas_mode(platform(problem.device), config.get("num_warps"), config.get("num_stages"))
+    mode = pallas_mode(platform(problem), config.get("num_warps"), config.get("num_stages"))
 
     def operand(x: Any, shape: tuple[int, ...], rows: int, cols: int) -> tuple[Any, bool]:
         """x as (batch or 1, rows, cols) zero-padded; True when it has the full batch."""

@@ -42,7 +42,7 @@ def rows_cols(problem: Problem) -> tuple[int, int]:
 
 
 def padded_cols(problem: Problem) -> int:
-    return max(MIN_BLOCK.get(platform(problem.device), DEFAULT_MIN)[1], next_pow2(rows_cols(problem)[1]))
+    return max(MIN_BLOCK.get(platform(problem), DEFAULT_MIN)[1], next_pow2(rows_cols(problem)[1]))
 
 
 def supports(problem: Problem) -> bool:
@@ -54,14 +54,14 @@ def configs(problem: Problem) -> list[dict[str, Any]]:
     the first is the heuristic's choice, then half and double the rows."""
     rows, _ = rows_cols(problem)
     cols = padded_cols(problem)
-    min_rows = MIN_BLOCK.get(platform(problem.device), DEFAULT_MIN)[0]
+    min_rows = MIN_BLOCK.get(platform(problem), DEFAULT_MIN)[0]
     top = max(min_rows, next_pow2(rows))
     best = min(top, max(min_rows, 4096 // cols))
     out = []
     for br in dict.fromkeys((best, max(min_rows, best // 2), min(top, best * 2))):
         elems = br * cols
         warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
-        out.append({"block_rows": br, "num_warps": warps} if platform(problem.device) == "gpu" else {"block_rows": br})
+        out.append({"block_rows": br, "num_warps": warps} if platform(problem) == "gpu" else {"block_rows": br})
     return out
 
 
@@ -83,7 +83,7 @@ def build(problem: Problem, config: Mapping[str, Any], log: bool) -> Any:
         in_specs=[pl.BlockSpec((br, cp), lambda i: (i, 0))],
         out_specs=pl.BlockSpec((br, cp), lambda i: (i, 0)),
         name="opruntime_log_softmax" if log else "opruntime_softmax",
-        **pallas_mode(platform(problem.device), config.get("num_warps"), config.get("num_stages")),
+        **pallas_mode(platform(problem), config.get("num_warps"), config.get("num_stages")),
     )
 
     def softmax(x: Any) -> Any:

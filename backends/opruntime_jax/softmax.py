@@ -33,7 +33,7 @@ LONG_ROW = 16384
 
 
 def xla_cost(problem: Problem, config: Any) -> float:
-    long_rows = platform(problem.device) == "gpu" and problem.shapes[0][problem.attrs["axis"]] >= LONG_ROW
+    long_rows = platform(problem) == "gpu" and problem.shapes[0][problem.attrs["axis"]] >= LONG_ROW
     return device_cost(problem, 5.0 * math.prod(problem.out_shape), io_bytes(problem),
                        byte_eff=0.55 if long_rows else 0.9)
 
@@ -46,7 +46,7 @@ PALLAS_EFF = {"cpu": (0.01, 50.0), "gpu": (0.85, 1.2), "tpu": (0.5, 1.2)}
 
 
 def pallas_cost(problem: Problem, config: Mapping[str, Any]) -> float:
-    eff, launch = PALLAS_EFF.get(platform(problem.device), (0.5, 1.2))
+    eff, launch = PALLAS_EFF.get(platform(problem), (0.5, 1.2))
     cols = pallas_softmax.rows_cols(problem)[1]
     padded = pallas_softmax.padded_cols(problem) / cols
     moved = 2.0 if problem.attrs["axis"] != len(problem.shapes[0]) - 1 else 0.0  # a transpose in and out
@@ -60,11 +60,11 @@ def kernels() -> list[Kernel]:
     for op, log in (("softmax", False), ("log_softmax", True)):
         xla, pallas = f"jax.{op}.xla", f"jax.{op}.pallas_rows"
         table += [
-            #      op  name    kind   dtypes  run
-            Kernel(op, xla, "jax", FLOATS, **JitKernel(xla, functools.partial(build_xla, log=log)).callables(),
+            #      op  name    kind   dtypes  prepare
+            Kernel(op, xla, "jax", FLOATS, prepare=JitKernel(xla, functools.partial(build_xla, log=log)).prepare,
                    cost=xla_cost, vendor=True, source=f"jax.nn.{op}, half types in float32"),
             Kernel(op, pallas, "jax", PALLAS_FLOATS,
-                   **JitKernel(pallas, functools.partial(pallas_softmax.build, log=log)).callables(),
+                   prepare=JitKernel(pallas, functools.partial(pallas_softmax.build, log=log)).prepare,
                    supports=pallas_softmax.supports, cost=pallas_cost, config_for=pallas_softmax.configs,
                    configs=({"block_rows": 1},), source=src),
         ]
