@@ -193,3 +193,20 @@ def test_finding_14_config_env_var_naming_a_directory(tmp_path, monkeypatch):
     config.reload()
     with pytest.raises(ConfigError, match="OPRUNTIME_CONFIG names .* which is not a file"):
         config.settings()
+
+
+def test_device_resolution_lives_in_the_registry(fake):
+    """``opruntime.plugins.resolve_device(settings, op, wanted)``: the call's device, else the op's
+    setting, else the global one, else the best present device."""
+    from opruntime.plugins import resolve_device
+
+    s = config.settings()
+    assert resolve_device(s, "matmul") is opr.devices()[0]
+    assert resolve_device(s, "matmul", "fake:1") is opr.Device("fake:1")
+    assert resolve_device(s, "matmul", opr.Device("fake:0")) is opr.Device("fake:0")
+    with pytest.warns(FallbackWarning, match="falling back to 'fake:1' from the device= argument"):
+        assert resolve_device(s, "matmul", ["cuda:9", "fake:gpu"]).name == "fake:1"  # an alias, after a fallback
+    opr.configure(device="fake:0", ops={"softmax": {"device": "fake:1"}})
+    s = config.settings()
+    assert resolve_device(s, "matmul").name == "fake:0" and resolve_device(s, "softmax").name == "fake:1"
+    assert not hasattr(config, "_announced")  # announcements are the registry's

@@ -361,3 +361,24 @@ def test_register_of_a_plugin_the_configuration_blocks_raises(monkeypatch, setti
     assert plugins._extra == [] and "acme" not in registry().records
     monkeypatch.delenv("OPRUNTIME_PLUGINS")
     opr.reload()
+
+
+def test_build_variants_come_from_the_hook_through_pluggy(tmp_path):
+    """``opruntime_build_variants`` is a hook like the others: the registry collects each plugin's
+    ``(path, defines)`` pairs, paths relative to the plugin module's folder made absolute."""
+    module = tmp_path / "opruntime_ep_variants.py"
+    module.write_text("import opruntime as opr\n"
+                      "@opr.hookimpl\n"
+                      "def opruntime_build_variants():\n"
+                      "    return [('k.cu', {'TILE': 16}), ('/abs/k.cu', {})]\n")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("opruntime_ep_variants", module)
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    opr.register(plugin, name="variants")
+    try:
+        found = [(p, d) for p, d in registry().build_variants() if p.endswith("k.cu")]
+    finally:
+        opr.unregister("variants")
+    assert found == [(str(tmp_path / "k.cu"), {"TILE": 16}), ("/abs/k.cu", {})]
