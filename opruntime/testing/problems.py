@@ -51,7 +51,7 @@ def device_view(device: Device, host: np.ndarray, view: str | None) -> tuple[Any
     """(the view on ``device`` showing ``host``, the device array it views, that array's host copy)."""
     prov = device.provider
     if view is None:
-        base = np.ascontiguousarray(host)
+        base = host.copy(order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
         data = prov.from_host(base)
         return data, data, base.copy()  # a host device may hand back ``base`` itself
     try:
