@@ -19,7 +19,7 @@ from typing import Any
 
 from opruntime import Kernel, hookimpl
 
-from . import conv, matmul, softmax
+from . import conv, matmul, relu, softmax
 from .memory import CudaDevice, devices
 
 
@@ -30,11 +30,11 @@ def opruntime_devices() -> list[CudaDevice]:
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
-    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels()]
+    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels(), *relu.kernels()]
 
 
 @hookimpl
 def opruntime_build_variants() -> list[tuple[str, Mapping[str, Any]]]:
     """Every variant CI compiles, as ``(file of this package, defines)``: each family's configs
-    and layout flags (``build_variants()`` of matmul, conv and softmax)."""
-    return [*matmul.build_variants(), *conv.build_variants(), *softmax.build_variants()]
+    and layout flags (``build_variants()`` of matmul, conv, softmax and relu)."""
+    return [*matmul.build_variants(), *conv.build_variants(), *softmax.build_variants(), *relu.build_variants()]

@@ -18,7 +18,7 @@ import os
 from opruntime import Kernel, hookimpl
 from opruntime.errors import BackendUnavailable
 
-from . import conv, matmul, softmax
+from . import conv, matmul, relu, softmax
 
 __version__ = "0.1.0"
 
@@ -41,4 +41,4 @@ def opruntime_devices() -> list:
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
-    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels()]
+    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels(), *relu.kernels()]

@@ -7,7 +7,7 @@ import numpy as np
 
 from opruntime import Kernel, hookimpl
 
-from . import conv, matmul, softmax
+from . import conv, matmul, relu, softmax
 from .memory import CpuDevice
 
 __version__ = np.__version__
@@ -20,4 +20,4 @@ def opruntime_devices() -> list[CpuDevice]:
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
-    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels()]
+    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels(), *relu.kernels()]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from opruntime import Kernel, hookimpl
 from opruntime.errors import BackendUnavailable
 
-from . import conv, matmul, softmax
+from . import conv, matmul, relu, softmax
 from .memory import OpenCLDevice, discover
 
 __version__ = "0.1.0"
@@ -26,4 +26,4 @@ def opruntime_devices() -> list[OpenCLDevice]:
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
-    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels()]
+    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels(), *relu.kernels()]
