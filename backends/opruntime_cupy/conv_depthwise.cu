@@ -39,11 +39,14 @@ conv_depthwise(const T* __restrict__ x, const T* __restrict__ wt, const T* __res
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const int ih = ih0 + r * p.dil_h;
-            if ((unsigned)ih >= (unsigned)p.h) continue;
+            const bool row_in = (unsigned)ih < (unsigned)p.h;
 #pragma unroll
             for (int s = 0; s < S; s++) {
                 const int iw = iw0 + s * p.dil_w;
-                if ((unsigned)iw < (unsigned)p.w) acc += to_acc(xc[(long long)ih * p.sx_h + (long long)iw * p.sx_w]) * to_acc(wc[r * S + s]);
+                // a padded tap is 0 times the weight, not skipped: 0 * inf gives NaN, as the reference
+                const ACC v = row_in && (unsigned)iw < (unsigned)p.w
+                                  ? to_acc(xc[(long long)ih * p.sx_h + (long long)iw * p.sx_w]) : ACC(0);
+                acc += v * to_acc(wc[r * S + s]);
             }
         }
         if (p.has_bias) acc += to_acc(bias[oc]);

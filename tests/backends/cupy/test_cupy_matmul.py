@@ -410,24 +410,24 @@ def test_selector_falls_back_when_a_kernel_fails_to_build(cp):
 
     def broken(problem, config):  # compiling in prepare, as the CUDA kernels do
         compile.load("matmul_sgemm.cu", {"BM": "garbage("}, problem.device.provider.index,
-                     kernel="test.matmul.broken")
+                     kernel="broken_cuda.matmul.broken")
 
     class Plugin:
         @staticmethod
         @opr.hookimpl
         def opruntime_kernels():
-            return [Kernel("matmul", "test.matmul.broken", "cuda", frozenset({"float32"}), prepare=broken,
+            return [Kernel("matmul", "broken_cuda.matmul.broken", "cuda", frozenset({"float32"}), prepare=broken,
                            cost=lambda p, c: 0.0)]
 
-    opr.register(Plugin, name="broken-cuda")
+    opr.register(Plugin, name="broken_cuda")
     try:
         a = np.random.default_rng().standard_normal((64, 32)).astype(np.float32)
         b = np.random.default_rng().standard_normal((32, 16)).astype(np.float32)
-        with pytest.warns(FallbackWarning, match="test.matmul.broken"):
+        with pytest.warns(FallbackWarning, match="broken_cuda.matmul.broken"):
             out = opr.matmul(a, b, device="cuda:0")
         assert rel_err(out.numpy(), MATMUL.reference(a, b)) <= TOLERANCE["float32"]
     finally:
-        opr.unregister("broken-cuda")
+        opr.unregister("broken_cuda")
 
 
 # -- the caches: one launch cache in the runtime, a bounded module cache here ----------------------
