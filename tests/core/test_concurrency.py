@@ -206,14 +206,18 @@ def test_concurrent_first_calls_share_one_plan_per_problem(rng):
     assert key in selector.plans and len(selector.plans) == 1  # one plan for the problem, nothing else
 
 
-@pytest.mark.parametrize("op", ["matmul", "softmax", "conv2d"])
+@pytest.mark.parametrize("op", list(OPS))
 def test_eight_threads_one_device_same_kernel(device, op):
     """Every thread runs the same kernel on the same device with its own data: a kernel object or
     buffer shared between threads (e.g. OpenCL arguments set on one cl.Kernel) shows up as a
-    wrong result."""
+    wrong result. Every operator: the shapes above, else the operator's first quick case."""
     if not registry().kernels_for(op, device.kind):
         pytest.skip(f"no {op} kernel for {device.kind}")
-    shapes, attrs = SHAPES[op][0], (CONV_ATTRS[0] if op == "conv2d" else {})
+    if op in SHAPES:
+        shapes, attrs = SHAPES[op][0], (CONV_ATTRS[0] if op == "conv2d" else {})
+    else:
+        case = OPS[op].cases[OPS[op].quick[0]]
+        shapes, attrs = case.shapes, dict(case.attrs)
     barrier = threading.Barrier(THREADS)
     errors: list[str] = []
 

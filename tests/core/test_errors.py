@@ -16,6 +16,7 @@ from opruntime.errors import (
     ShapeError,
     UnknownDeviceError,
 )
+from opruntime.ops import OPS
 
 f32 = np.float32
 
@@ -159,21 +160,24 @@ def test_finding_14_a_device_that_is_not_a_name_is_an_unknown_device(bad):
         opr.Device(bad)
 
 
-@pytest.mark.parametrize("op", ["matmul", "softmax", "conv2d"])
+@pytest.mark.parametrize("op", list(OPS))
 def test_finding_15_masked_arrays_are_refused_on_every_device(device, op):
     """Findings 14 and 15: a masked array was computed with its mask ignored on one device and
-    dropped on another; every device refuses it the same way, before anything runs."""
-    m = np.ma.masked_array(ones(1, 1, 3, 3), mask=np.zeros((1, 1, 3, 3), bool))
-    m.mask[0, 0, 1, 1] = True
-    args = {"matmul": (m[0, 0], ones(3, 3)), "softmax": (m,), "conv2d": (m, ones(1, 1, 1, 1))}[op]
-    with pytest.raises(InputTypeError, match=f"{op}: masked arrays are not supported.*x.filled"):
-        getattr(opr, op)(*args, device=device)
-    with pytest.raises(InputTypeError, match="tensor: masked arrays are not supported"):
-        opr.tensor(m, device=device)
-    t = opr.tensor(ones(3, 3), device=device)
-    if op == "matmul":  # beside a Tensor (host data joins the Tensor's device): refused too
-        with pytest.raises(InputTypeError, match="masked"):
-            opr.matmul(t, m[0, 0])
+    dropped on another; every device refuses it the same way, before anything runs, for every
+    operator (each operand in turn masked, the others plain; shapes from the operator's cases)."""
+    case = OPS[op].cases[OPS[op].quick[0]]
+    for i in range(len(case.shapes)):
+        args = [ones(*s) for s in case.shapes]
+        args[i] = np.ma.masked_array(args[i], mask=np.zeros(case.shapes[i], bool))
+        if args[i].size:
+            args[i].mask.flat[0] = True
+        with pytest.raises(InputTypeError, match=f"{op}: masked arrays are not supported.*x.filled"):
+            getattr(opr, op)(*args, device=device, **case.attrs)
+        with pytest.raises(InputTypeError, match="tensor: masked arrays are not supported"):
+            opr.tensor(args[i], device=device)
+        if i:  # beside a Tensor (host data joins the Tensor's device): refused too
+            with pytest.raises(InputTypeError, match="masked"):
+                getattr(opr, op)(opr.tensor(args[0], device=device), *args[1:], **case.attrs)
 
 
 @pytest.mark.parametrize("data", [np.array(["a", "b"]), np.array([object(), 1.0], dtype=object),
