@@ -94,13 +94,39 @@ def test_host_operands_are_placed_on_every_call(fake, rng):
 
 
 # -- the memory rule (finding 4) ---------------------------------------------------------------------
-def test_finding_4_tensor_copies_host_data_on_every_device(device):
+def host_at(offset: int, values: np.ndarray) -> np.ndarray:
+    """A copy of ``values`` whose data starts ``offset`` bytes past a 64-byte boundary (XLA's CPU
+    client takes a 64-byte-aligned host array without copying it: alignment decides aliasing)."""
+    raw = np.empty(values.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    out[...] = values
+    assert out.ctypes.data % 64 == offset
+    return out
+
+
+@pytest.mark.parametrize("offset", [0, 4], ids=["64-byte-aligned", "unaligned"])
+def test_finding_4_tensor_copies_host_data_on_every_device(device, offset):
     """Finding 4: on the cpu ``opr.tensor(a)`` kept ``a`` itself, so changing ``a`` changed the
-    Tensor; on every device the Tensor now holds its own copy."""
-    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    Tensor; on every device the Tensor now holds its own copy (host arrays of either alignment:
+    a device whose ``from_host`` can take the host buffer as it is must copy it first)."""
+    a = host_at(offset, np.arange(6, dtype=np.float32).reshape(2, 3))
     t = opr.tensor(a, device=device)
     a[...] = -1
     np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+@pytest.mark.parametrize("offset", [0, 4], ids=["64-byte-aligned", "unaligned"])
+def test_a_result_never_changes_because_the_caller_changed_an_operand(device, offset):
+    """The memory rule for results: a host operand written right after the call returns (while an
+    asynchronous device may still be computing) leaves the result as the call's values made it.
+    Large NumPy arrays are usually 64-byte aligned, which is where a zero-copy placement bites."""
+    rng = np.random.default_rng(0)
+    a = host_at(offset, rng.standard_normal((1024, 1024)).astype(np.float32))
+    want = a.astype(np.float64) @ a.astype(np.float64)
+    out = opr.matmul(a, a, device=device)
+    a[...] = 0  # before the result is looked at
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-3, atol=1e-2)
 
 
 def test_finding_4_numpy_is_read_only_or_a_copy_on_every_device(device):
