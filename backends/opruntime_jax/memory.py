@@ -77,6 +77,10 @@ class JaxDevice(DeviceProvider):
 
         if not array.dtype.isnative:  # JAX refuses big-endian dtypes: same values, native order
             array = array.astype(array.dtype.newbyteorder("="))
+        elif self.platform == "cpu" and isinstance(array, np.ndarray):
+            # XLA's CPU client adopts an aligned host buffer without copying (may_alias=False does
+            # not stop it): the caller could then change the device array. Hand it a private copy.
+            array = np.array(array, copy=True)
         try:
             if np.dtype(array.dtype) == np.float64:
                 with x64_scope():

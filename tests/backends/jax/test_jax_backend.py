@@ -566,10 +566,11 @@ def pinned(op: str, kernel: str):
     return opr.override(ops={op: {"kernel": kernel}}, strict=True)
 
 
-def test_native_jax_array_stays_in_place(rng):
+def test_native_jax_array_stays_on_its_device(rng):
     a = jax.device_put(random(rng, (4, 6), "float32"), jax.devices("cpu")[0])
     t = opr.tensor(a)
-    assert t.device.name == "jax:cpu:0" and t.data is a  # adopted, not copied
+    # on its own device, copied (opr.tensor copies on every device: the memory rule)
+    assert t.device.name == "jax:cpu:0" and t.data is not a and np.array_equal(t.numpy(), np.asarray(a))
     out = opr.softmax(a)  # a raw jax.Array operand runs on its own device
     assert out.device.name == "jax:cpu:0"
 

@@ -444,11 +444,11 @@ BROKEN = "__kernel void broken(__global float* y) { y[0] = this_name_is_not_decl
 
 
 def _prepare_broken(problem: Problem, config) -> None:
-    cl_compile.kernel(problem.device.provider, BROKEN, {"UNUSED": 1}, "broken", label="test.matmul.broken")
+    cl_compile.kernel(problem.device.provider, BROKEN, {"UNUSED": 1}, "broken", label="test_opencl_broken.matmul.broken")
     raise AssertionError("unreachable: the build fails")
 
 
-BROKEN_KERNEL = Kernel("matmul", "test.matmul.broken", "opencl", frozenset({"float32"}), prepare=_prepare_broken,
+BROKEN_KERNEL = Kernel("matmul", "test_opencl_broken.matmul.broken", "opencl", frozenset({"float32"}), prepare=_prepare_broken,
                        cost=lambda p, c: 0.0)
 
 
@@ -482,7 +482,7 @@ def test_build_failure_raises_from_prepare_with_the_log(ocl):
     depths = []
     for _ in range(3):
         with pytest.raises(KernelCompileError) as again:
-            cl_compile.program(ocl.provider, BROKEN, {"UNUSED": 1}, label="test.matmul.broken")
+            cl_compile.program(ocl.provider, BROKEN, {"UNUSED": 1}, label="test_opencl_broken.matmul.broken")
         assert again.value is first.value
         depths.append(len(traceback.extract_tb(again.value.__traceback__)))
     assert depths[0] == depths[-1], "each raise of the cached error keeps the frames of the ones before"
@@ -490,12 +490,12 @@ def test_build_failure_raises_from_prepare_with_the_log(ocl):
 
 def test_build_failure_reports_log_and_falls_back(ocl, rng, broken_plugin):
     a, b = random(rng, (9, 7), "float32"), random(rng, (7, 5), "float32")
-    assert opr.explain("matmul", a, b, device=ocl).chosen == "test.matmul.broken"
-    with pytest.warns(FallbackWarning, match=r"(?s)test\.matmul\.broken.*failed to build.*this_name_is_not_declared"):
+    assert opr.explain("matmul", a, b, device=ocl).chosen == "test_opencl_broken.matmul.broken"
+    with pytest.warns(FallbackWarning, match=r"(?s)test_opencl_broken\.matmul\.broken.*failed to build.*this_name_is_not_declared"):
         out = opr.matmul(a, b, device=ocl)
     assert rel_err(out.numpy(), OPS["matmul"].reference(a, b)) <= 1e-5
     with pytest.raises(KernelCompileError) as info:  # the cached failure, raised again with its log
-        cl_compile.program(ocl.provider, BROKEN, {"UNUSED": 1}, label="test.matmul.broken")
+        cl_compile.program(ocl.provider, BROKEN, {"UNUSED": 1}, label="test_opencl_broken.matmul.broken")
     assert ocl.provider.description in info.value.device and "this_name_is_not_declared" in info.value.log
     with opr.override(strict=True), pytest.raises(KernelError, match="strict"):
         opr.matmul(random(rng, (3, 7), "float32"), b, device=ocl)
