@@ -2,6 +2,8 @@
 
 * Before each build, regenerate the reference pages from the code (``gen_reference.py``).
 * List every ``docs/notes-*.md`` (written by the backend authors) under "Backend notes".
+* Fill the operators' section of the API page from ``opruntime.ops`` (one entry per operator:
+  adding an operator needs no edit here).
 * Stand in for pages that other authors own but have not written yet, so that links to them
   work and ``mkdocs build --strict`` passes meanwhile.
 """
@@ -52,3 +54,15 @@ def on_files(files: Files, config: Any) -> Files:
             text = f"# {title}\n\n!!! note \"Not written yet\"\n    This page will hold {what}.\n"
             files.append(File.generated(config, name, content=text))
     return files
+
+
+OPERATORS_MARKER = "<!-- operators: one entry per operator of opruntime.ops, filled in by docs/hooks.py -->"
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    if OPERATORS_MARKER not in markdown:
+        return markdown
+    from opruntime.ops import FUNCTIONS
+
+    entries = "\n\n".join(f"::: {fn.__module__}.{name}" for name, fn in FUNCTIONS.items())
+    return markdown.replace(OPERATORS_MARKER, entries)
