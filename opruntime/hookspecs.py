@@ -146,14 +146,16 @@ class DeviceProvider(abc.ABC):
         return self.from_host(np.zeros(shape, dtype))
 
     def astype(self, data: Any, dtype: np.dtype) -> Any:
-        """Convert device data to ``dtype`` on the device, as a new C-contiguous array (the
-        Problem describes a cast operand with C strides)."""
-        return data.astype(dtype, order="C")
+        """Convert device data to ``dtype`` as a new C-contiguous array (the Problem describes a
+        cast operand with C strides). The default goes through the host (a host device: one NumPy
+        pass); an accelerator overrides it to convert on the device."""
+        return self.from_host(np.array(self.to_host(data), dtype=dtype, order="C"))
 
     def copy(self, data: Any) -> Any:
         """A new device array with ``data``'s values (``opr.tensor`` of a native array copies: a
-        Tensor never changes because the caller changed an array)."""
-        return data.copy()
+        Tensor never changes because the caller changed an array). The default goes through the
+        host; an accelerator overrides it to copy on the device."""
+        return self.from_host(np.array(self.to_host(data), order="C"))
 
     def owns(self, data: Any) -> bool:
         """True when ``data`` is a native array living on this device."""

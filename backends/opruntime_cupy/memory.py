@@ -128,6 +128,10 @@ class CudaDevice(DeviceProvider):
         with self._device, oom_guard(f"zeros on {self.name}", math.prod(shape) * np.dtype(dtype).itemsize):
             return self._cupy.zeros(tuple(shape), dtype)
 
+    def copy(self, data: Any) -> Any:
+        with self._device, oom_guard(f"copy on {self.name}", data.nbytes):
+            return data.copy()
+
     def astype(self, data: Any, dtype: np.dtype) -> Any:
         with self._device, oom_guard(f"astype on {self.name}", data.size * np.dtype(dtype).itemsize):
             return data.astype(dtype, order="C")  # the Problem describes a cast operand as C-contiguous

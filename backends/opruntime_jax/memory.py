@@ -109,6 +109,9 @@ class JaxDevice(DeviceProvider):
             raise_if_oom(exc, f"{self.name}: out of memory allocating a {tuple(shape)} {dtype} array")
             raise
 
+    def copy(self, data: Any) -> Any:
+        return data.copy()  # on the device (JAX arrays are immutable, but a Tensor owns its array)
+
     def astype(self, data: Any, dtype: np.dtype) -> Any:
         try:
             if np.dtype(dtype) == np.float64 or data.dtype == np.float64:

@@ -178,6 +178,10 @@ class OpenCLDevice(DeviceProvider):
         with self._host_memory(data.shape, data.dtype):
             return data.get() if data.size else np.empty(data.shape, data.dtype)
 
+    def copy(self, data: Any) -> Any:
+        out = self.contiguous(data)
+        return out.copy() if out is data else out  # a gathered view is already a new array
+
     def astype(self, data: Any, dtype: np.dtype) -> Any:
         dtype = np.dtype(dtype)
         native = {"float32", "float64"} if self.has_fp64 else {"float32"}
