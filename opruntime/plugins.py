@@ -256,23 +256,23 @@ def register(plugin: Any, name: str | None = None) -> None:
     """
     name = name or getattr(plugin, "__name__", repr(plugin))
     with _lock:
-        if any(n == name for n, _ in _extra) or name in registry().records:
-            raise PluginError(f"register: the plugin name {name!r} is taken (by plugin "
-                              f"{registry().records[name].module if name in registry().records else name!r}); "
-                              f"give another name=")
+        records = registry().records
+        if name in records or any(n == name for n, _ in _extra):
+            owner = records[name].module if name in records else name
+            raise PluginError(f"register: the plugin name {name!r} is taken (by plugin {owner!r}); give another name=")
         _extra.append((name, plugin))
         reset()
+        rec = None
         try:
             with warnings.catch_warnings():  # this plugin's refusal is raised below, not announced
                 warnings.simplefilter("ignore", FallbackWarning)
                 rec = registry().records.get(name)
-        finally:
-            failed = (_registry is None or (rec := _registry.records.get(name)) is None
-                      or rec.status in ("failed", "blocked"))  # blocked: it would do nothing, silently
-            if failed:
+        finally:  # blocked counts as refused: the plugin would do nothing, silently
+            refused = rec is None or rec.status in ("failed", "blocked")
+            if refused:
                 _extra.remove((name, plugin))
                 reset()
-        if failed:
+        if refused:
             raise PluginError(f"plugin {name!r} {rec.reason if rec is not None else 'failed to register'}")
 
 

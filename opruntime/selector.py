@@ -55,7 +55,7 @@ plans = LRU("plans")
 #: (settings, op) -> the default device for host data.
 defaults = LRU("default devices")
 
-__all__ = ["Candidate", "Explanation", "Plan", "Problem", "clear_cache", "make_plan", "plans", "rank"]
+__all__ = ["Candidate", "Explanation", "Plan", "Problem", "clear_cache", "plans", "rank"]
 
 
 def clear_cache() -> None:
@@ -379,12 +379,6 @@ class _Placing:
     def __call__(self, datas: list[Any]) -> Any:
         to = self.from_host
         return self.plan([to(d) if h else d for d, h in zip(datas, self.host)])
-
-
-def make_plan(op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
-              casts: tuple[bool, ...], in_shapes: tuple[tuple[int, ...], ...]) -> Plan:
-    """Build the plan for a call the cache has not seen."""
-    return Plan(op, problem, device, s, norm, casts, in_shapes)
 
 
 @dataclass

@@ -6,11 +6,11 @@ use Hopper-only instructions), without a GPU and without CuPy.
     python scripts/compile_cu.py -v         # also print each variant's registers / spills
     python scripts/compile_cu.py FILE.cu    # some files only
 
-Which variants to compile comes from the plugins themselves: every ``backends/opruntime_*``
-package is registered with a pluggy ``PluginManager`` under ``opruntime.hookspecs`` and its
-``opruntime_build_variants()`` hook is called (``opruntime_cupy`` lists every config its kernels
-register). Each listed ``(path, defines)`` is compiled with its ``-D`` defines; a relative path is
-relative to the plugin's package folder. A file no plugin lists is compiled once with no
+Which variants to compile comes from the plugins themselves: the runtime's registry loads every
+plugin of the ``opruntime.backends`` entry-point group and calls its ``opruntime_build_variants()``
+hook through pluggy (``opruntime_cupy`` lists every config its kernels register). Each listed
+``(path, defines)`` is compiled with its ``-D`` defines; a relative path is relative to the
+plugin's package folder. A file no plugin lists is compiled once with no
 defines (its own ``#ifndef`` defaults), as are the examples' sources. Uses ``nvcc -cubin`` when
 nvcc is on PATH, else NVRTC through ctypes (libnvrtc); with neither it says so and exits 0
 (there is nothing to compile with). The hooks are called first either way, so a plugin that
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
-import importlib
 import os
 import re
 import shutil
@@ -38,45 +37,35 @@ ARCHS = ("90", "80")
 
 
 def variants_by_file(files: list[Path]) -> tuple[dict[Path, list[dict]], bool]:
-    """Every file's variants from the plugins' ``opruntime_build_variants`` hooks (``[{}]`` for a
-    file none lists), and whether gathering them failed (each failure printed)."""
+    """Every file's variants from the plugins' ``opruntime_build_variants`` hooks, gathered by the
+    runtime's own registry (``[{}]`` for a file none lists), and whether gathering them failed
+    (each failure printed)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "backends")]
-    import pluggy
+    import warnings
 
-    from opruntime import hookspecs
+    from opruntime.plugins import Registry
 
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
-    out: dict[Path, list[dict]] = {f: [] for f in files}
+    with warnings.catch_warnings():  # a plugin that fails is reported below, as a failure
+        warnings.simplefilter("ignore")
+        reg = Registry()  # the backends of the entry-point group, as at run time
     failed = False
-    plugins = []
-    for init in sorted((ROOT / "backends").glob("opruntime_*/__init__.py")):
-        name = init.parent.name
-        try:  # importing a backend never needs its device stack (the hookspecs' rule)
-            module = importlib.import_module(name)
-            pm.register(module, name=name)
-            plugins.append(module)
-        except Exception as exc:  # a broken plugin is an error CI must see
-            print(f"FAIL {init.parent.relative_to(ROOT)}: cannot register: {type(exc).__name__}: {exc}")
+    for rec in reg.records.values():
+        if rec.status == "failed":  # importing a backend never needs its device stack (the hookspecs' rule)
+            print(f"FAIL plugin {rec.name}: {rec.reason}")
             failed = True
-    for plugin in plugins:
-        # one plugin at a time: a relative path is relative to the folder of the plugin that gave it
-        others = [p for p in plugins if p is not plugin]
-        caller = pm.subset_hook_caller("opruntime_build_variants", remove_plugins=others)
-        folder = Path(plugin.__file__).resolve().parent
-        try:
-            pairs = [pair for result in caller() for pair in result]
-        except Exception as exc:
-            print(f"FAIL {plugin.__name__}: opruntime_build_variants() raised {type(exc).__name__}: {exc}")
+    out: dict[Path, list[dict]] = {f: [] for f in files}
+    try:
+        pairs = reg.build_variants()  # one plugin at a time, relative paths made absolute
+    except Exception as exc:
+        print(f"FAIL: opruntime_build_variants() raised {type(exc).__name__}: {exc}")
+        return {f: [{}] for f in files}, True
+    for given, defines in pairs:
+        path = Path(given).resolve()
+        if path.suffix == ".cu" and not path.is_file():
+            print(f"FAIL: opruntime_build_variants() names {given}, which does not exist")
             failed = True
-            continue
-        for given, defines in pairs:
-            path = (folder / given).resolve()  # an absolute path stays itself
-            if path.suffix == ".cu" and not path.is_file():
-                print(f"FAIL {plugin.__name__}: opruntime_build_variants() names {given}, which does not exist")
-                failed = True
-            elif path in out:
-                out[path].append(dict(defines))
+        elif path in out:
+            out[path].append(dict(defines))
     return {f: (v or [{}]) for f, v in out.items()}, failed
 
 

@@ -326,7 +326,7 @@ class Operator(abc.ABC):
     def plan(self, datas: list[Any], dev: Device, attrs: dict[str, Any], s: Any) -> selector.Plan:
         """Validate the call and ask the selector for a plan (the slow path of a call)."""
         problem, norm, casts = self.problem(datas, dev, attrs)
-        return selector.make_plan(self, problem, dev, s, norm, casts, tuple(tuple(d.shape) for d in datas))
+        return selector.Plan(self, problem, dev, s, norm, casts, tuple(tuple(d.shape) for d in datas))
 
     def __repr__(self) -> str:
         return f"<operator {self.name}({', '.join(self.operands + self.attributes)})>"

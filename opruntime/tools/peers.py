@@ -139,24 +139,21 @@ def _torch_place(host: Sequence[np.ndarray], case: Case, at: Where) -> tuple[Any
     return torch, [torch.from_numpy(np.ascontiguousarray(h)).to(target, dtype) for h in host], sync
 
 
-def _torch(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:
+def _torch(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where,
+           library: str = "torch") -> Timed | None:
     placed = _torch_place(host, case, at)
     if placed is None:
         return None
     torch, ts, sync = placed
-    _checked("torch", peer(torch, *ts, **case.attrs))
+    _checked(library, peer(torch, *ts, **case.attrs))
     return functools.partial(peer, torch, *ts, **case.attrs), sync
 
 
 def _triton(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:
+    """A Triton kernel takes torch tensors on a CUDA device."""
     if at.cuda is None or not _installed("triton"):
         return None
-    placed = _torch_place(host, case, at)
-    if placed is None:
-        return None
-    torch, ts, sync = placed
-    _checked("triton", peer(torch, *ts, **case.attrs))
-    return functools.partial(peer, torch, *ts, **case.attrs), sync
+    return _torch(peer, host, case, at, "triton")
 
 
 def _jax(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: Where) -> Timed | None:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -23,9 +24,8 @@ import pytest
 
 import opruntime
 import opruntime as opr
-from opruntime.errors import AttributeValueError, UnknownAttributeError
-from opruntime.kernels import Attrs
-from opruntime.ops import FUNCTIONS, OPS, Case, Normalized, Operator
+from opruntime.errors import AttributeValueError
+from opruntime.ops import FUNCTIONS, OPS, Case, Operator
 from opruntime.plugins import registry
 from opruntime.testing import CASES, EMPTY, QUICK_CASES, check_kernel, failures, summary
 
@@ -101,30 +101,65 @@ def test_the_tables_are_read_from_the_operators():
 
 
 # -- a throwaway operator, complete, then missing one thing at a time ------------------------------------------
-class Scale(Operator):
-    """``alpha * x``: the smallest operator there is."""
+SCALE_MODULE = textwrap.dedent('''
+    """scale: ``alpha * x`` (a test's operator, written as a new operator file is)."""
 
-    name = "scale"
-    operands = ("x",)
-    bound = "memory"
-    cases = [Case(((7, 1),), {"alpha": 2.0}), Case(((3, 5),), {"alpha": -1.5}, views=("T",)),
-             Case(((1,),), {"alpha": 0.5}), Case(((2, 6),), {"alpha": 3.0}, views=("slice",))]
-    quick = (0, 1)
-    empty = [Case(((0, 3),), {"alpha": 2.0})]
-    bench = {"cpu": [Case(((1024, 1024),), {"alpha": 2.0})]}
-    peers = {"numpy": lambda np, x, alpha=1.0: alpha * x}
+    from __future__ import annotations
 
-    def normalize(self, shapes, attrs):
-        (shape,) = shapes
-        alpha = attrs.pop("alpha", 1.0)
-        if attrs:
-            raise UnknownAttributeError(f"scale() got unexpected keyword argument(s) {', '.join(attrs)}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-            raise AttributeValueError(f"scale: alpha must be a number, got {alpha!r}")
-        return Normalized((shape,), Attrs(alpha=float(alpha)), shape, shape, "empty" if math.prod(shape) == 0 else None)
+    import math
+    from typing import Any
 
-    def reference(self, x, alpha=1.0):
-        return np.asarray(x, np.float64) * alpha
+    import numpy as np
+
+    from ..errors import AttributeValueError, UnknownAttributeError
+    from ..kernels import Attrs
+    from ..tensor import Tensor
+    from .base import Case, Normalized, Operator
+
+
+    class Scale(Operator):
+        name = "scale"
+        operands = ("x",)
+        bound = "memory"
+        cases = [Case(((7, 1),), {"alpha": 2.0}), Case(((3, 5),), {"alpha": -1.5}, views=("T",)),
+                 Case(((1,),), {"alpha": 0.5}), Case(((2, 6),), {"alpha": 3.0}, views=("slice",))]
+        quick = (0, 1)
+        empty = [Case(((0, 3),), {"alpha": 2.0})]
+        bench = {"cpu": [Case(((1024, 1024),), {"alpha": 2.0})], "overhead": [Case(((16,),), {"alpha": 2.0})]}
+        peers = {"numpy": lambda np, x, alpha=1.0: alpha * x}
+
+        def normalize(self, shapes, attrs):
+            (shape,) = shapes
+            alpha = attrs.pop("alpha", 1.0)
+            if attrs:
+                raise UnknownAttributeError(f"scale() got unexpected keyword argument(s) {', '.join(attrs)}")
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+                raise AttributeValueError(f"scale: alpha must be a number, got {alpha!r}")
+            trivial = "empty" if math.prod(shape) == 0 else None
+            return Normalized((shape,), Attrs(alpha=float(alpha)), shape, shape, trivial)
+
+        def reference(self, x, alpha=1.0):
+            return np.asarray(x, np.float64) * alpha
+
+
+    SCALE = Scale()
+
+
+    @SCALE.function
+    def scale(x: Any, alpha: float = 1.0, *, device: Any = None) -> Tensor:
+        """``alpha * x``, elementwise."""
+''')
+
+def _scale_module() -> types.ModuleType:
+    """:data:`SCALE_MODULE` run as a module of ``opruntime.ops`` (its relative imports resolve),
+    without adding it to the package: the in-process tests' operator is the new file's."""
+    module = types.ModuleType("opruntime.ops.scale")
+    module.__package__ = "opruntime.ops"
+    exec(compile(SCALE_MODULE, "<opruntime/ops/scale.py>", "exec"), module.__dict__)
+    return module
+
+
+Scale = _scale_module().Scale
 
 
 def _scale_stub(x: Any, alpha: float = 1.0, *, device: Any = None) -> opr.Tensor:
@@ -219,55 +254,6 @@ def test_attribute_types_key_the_throwaway_operator_too(scale, rng):
 
 
 # -- a new operator is one file -----------------------------------------------------------------------------------
-SCALE_MODULE = textwrap.dedent('''
-    """scale: ``alpha * x`` (a test's operator, written as a new operator file is)."""
-
-    from __future__ import annotations
-
-    import math
-    from typing import Any
-
-    import numpy as np
-
-    from ..errors import AttributeValueError, UnknownAttributeError
-    from ..kernels import Attrs
-    from ..tensor import Tensor
-    from .base import Case, Normalized, Operator
-
-
-    class Scale(Operator):
-        name = "scale"
-        operands = ("x",)
-        bound = "memory"
-        cases = [Case(((7, 1),), {"alpha": 2.0}), Case(((3, 5),), {"alpha": -1.5}, views=("T",)),
-                 Case(((1,),), {"alpha": 0.5}), Case(((2, 6),), {"alpha": 3.0}, views=("slice",))]
-        quick = (0, 1)
-        empty = [Case(((0, 3),), {"alpha": 2.0})]
-        bench = {"cpu": [Case(((1024, 1024),), {"alpha": 2.0})], "overhead": [Case(((16,),), {"alpha": 2.0})]}
-        peers = {"numpy": lambda np, x, alpha=1.0: alpha * x}
-
-        def normalize(self, shapes, attrs):
-            (shape,) = shapes
-            alpha = attrs.pop("alpha", 1.0)
-            if attrs:
-                raise UnknownAttributeError(f"scale() got unexpected keyword argument(s) {', '.join(attrs)}")
-            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-                raise AttributeValueError(f"scale: alpha must be a number, got {alpha!r}")
-            trivial = "empty" if math.prod(shape) == 0 else None
-            return Normalized((shape,), Attrs(alpha=float(alpha)), shape, shape, trivial)
-
-        def reference(self, x, alpha=1.0):
-            return np.asarray(x, np.float64) * alpha
-
-
-    SCALE = Scale()
-
-
-    @SCALE.function
-    def scale(x: Any, alpha: float = 1.0, *, device: Any = None) -> Tensor:
-        """``alpha * x``, elementwise."""
-''')
-
 CHILD = textwrap.dedent('''
     import sys, types
     import numpy as np

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from cupy_stand_in import StandInDevice, StandInProvider
 
 import opruntime as opr
 from opruntime.errors import BackendUnavailable, FallbackWarning, KernelCompileError, OutOfMemoryError
@@ -62,24 +63,6 @@ def test_kernel_table_is_cheap_and_complete():
     # compiled kernels plan in prepare (the runtime's one launch cache); cuBLAS has nothing to prepare
     assert table["cupy.matmul.cublas"].run is not None and table["cupy.matmul.cublas"].prepare is None
     assert all(k.prepare is not None and k.run is None for n, k in table.items() if n != "cupy.matmul.cublas")
-
-
-class StandInProvider:
-    """What the matmul kernels read of a CudaDevice, for tests without a GPU: an H100's figures."""
-
-    index = 0
-    sm_count = 132
-
-    def figures(self):
-        from opruntime_cupy import memory
-
-        return memory.figures_for("NVIDIA H100 80GB HBM3", self.sm_count)
-
-
-class StandInDevice:
-    """A device whose name no kernel could parse: kernels must read ``provider`` only."""
-
-    name, kind, provider = "stand-in", "cuda", StandInProvider()
 
 
 def host_problem(sa, sb, dtype: str, strides=None) -> Problem:

@@ -15,28 +15,12 @@ import math
 
 import numpy as np
 import pytest
-from opruntime_cupy import conv, memory, softmax
+from cupy_stand_in import StandInDevice
+from opruntime_cupy import conv, softmax
 
 from opruntime.kernels import Attrs, Problem
 from opruntime.ops import OPS
 from opruntime.testing.numerics import TOLERANCE, rel_err
-
-
-class StandInProvider:
-    """What the kernels read of a CudaDevice, for tests without a GPU: an H100's figures."""
-
-    index = 0
-    sm_count = 132
-
-    def figures(self):
-        return memory.figures_for("NVIDIA H100 80GB HBM3", self.sm_count)
-
-
-class StandInDevice:
-    """A device whose name no kernel could parse: kernels must read ``provider`` only."""
-
-    name, kind, provider = "stand-in", "cuda", StandInProvider()
-
 
 STAND_IN = StandInDevice()
 
