@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import math
+import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -217,6 +219,25 @@ def frozen(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(frozen(v) for v in value)
     return value
+
+
+def families(package: str) -> list[Any]:
+    """The kernel families of a backend package: each of its modules that defines ``kernels()``
+    (one module per operator family, ``softmax.py``, ``norm.py``...), imported in name order.
+
+    A backend's hooks gather from these, so adding a family is adding its module::
+
+        FAMILIES = families(__name__)  # in the backend's __init__.py
+    """
+    path = importlib.import_module(package).__path__
+    found = []
+    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        if callable(getattr(module, "kernels", None)):
+            found.append(module)
+    return found
 
 
 def roofline(flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float, launch: float = 0.0) -> float:

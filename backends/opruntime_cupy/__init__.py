@@ -18,9 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from opruntime import Kernel, hookimpl
+from opruntime.kernels import families
 
-from . import conv, matmul, relu, softmax
 from .memory import CudaDevice, devices
+
+#: every module of this package with kernels(): one per operator family (opruntime.kernels.families)
+FAMILIES = families(__name__)
 
 
 @hookimpl
@@ -30,11 +33,11 @@ def opruntime_devices() -> list[CudaDevice]:
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
-    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels(), *relu.kernels()]
+    return [k for family in FAMILIES for k in family.kernels()]
 
 
 @hookimpl
 def opruntime_build_variants() -> list[tuple[str, Mapping[str, Any]]]:
     """Every variant CI compiles, as ``(file of this package, defines)``: each family's configs
     and layout flags (``build_variants()`` of matmul, conv, softmax and relu)."""
-    return [*matmul.build_variants(), *conv.build_variants(), *softmax.build_variants(), *relu.build_variants()]
+    return [v for family in FAMILIES for v in family.build_variants()]

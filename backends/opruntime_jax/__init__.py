@@ -17,10 +17,13 @@ import os
 
 from opruntime import Kernel, hookimpl
 from opruntime.errors import BackendUnavailable
-
-from . import conv, matmul, relu, softmax
+from opruntime.kernels import families
 
 __version__ = "0.1.0"
+
+
+#: every module of this package with kernels(): one per operator family (opruntime.kernels.families)
+FAMILIES = families(__name__)
 
 
 @hookimpl
@@ -41,4 +44,4 @@ def opruntime_devices() -> list:
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
-    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels(), *relu.kernels()]
+    return [k for family in FAMILIES for k in family.kernels()]

@@ -6,11 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from opruntime import Kernel, hookimpl
+from opruntime.kernels import families
 
-from . import conv, matmul, relu, softmax
 from .memory import CpuDevice
 
 __version__ = np.__version__
+
+
+#: every module of this package with kernels(): one per operator family (opruntime.kernels.families)
+FAMILIES = families(__name__)
 
 
 @hookimpl
@@ -20,4 +24,4 @@ def opruntime_devices() -> list[CpuDevice]:
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
-    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels(), *relu.kernels()]
+    return [k for family in FAMILIES for k in family.kernels()]

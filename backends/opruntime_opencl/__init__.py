@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from opruntime import Kernel, hookimpl
 from opruntime.errors import BackendUnavailable
+from opruntime.kernels import families
 
-from . import conv, matmul, relu, softmax
 from .memory import OpenCLDevice, discover
 
 __version__ = "0.1.0"
+
+
+#: every module of this package with kernels(): one per operator family (opruntime.kernels.families)
+FAMILIES = families(__name__)
 
 
 @hookimpl
@@ -26,4 +30,4 @@ def opruntime_devices() -> list[OpenCLDevice]:
 
 @hookimpl
 def opruntime_kernels() -> list[Kernel]:
-    return [*matmul.kernels(), *conv.kernels(), *softmax.kernels(), *relu.kernels()]
+    return [k for family in FAMILIES for k in family.kernels()]

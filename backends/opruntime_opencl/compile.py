@@ -28,7 +28,7 @@ from opruntime.lru import LRU
 
 _lock = threading.Lock()  # one build at a time: two threads never build the same program twice
 #: name -> text of this package's .cl files (a fixed handful, read once)
-_sources: dict[str, str] = {}
+_sources: dict[tuple[str, ...], str] = {}
 #: (context, source hash, options) -> built Program, or the KernelCompileError of a failed build
 _programs = LRU("opencl programs")
 
@@ -46,11 +46,14 @@ PRELUDE = """#ifdef USE_FP64
 BUFFER = None
 
 
-def source(name: str) -> str:
-    """The text of ``name`` (a ``.cl`` file of this package) after :data:`PRELUDE`."""
-    text = _sources.get(name)
+def source(name: str, *includes: str) -> str:
+    """The text of ``name`` (a ``.cl`` file of this package) after :data:`PRELUDE` and the
+    ``includes`` (other ``.cl`` files of this package, e.g. ``"epilogue.cl"``), in that order."""
+    key = (name, *includes)
+    text = _sources.get(key)
     if text is None:
-        text = _sources[name] = PRELUDE + resources.files(__package__).joinpath(name).read_text()
+        files = resources.files(__package__)
+        text = _sources[key] = PRELUDE + "".join(files.joinpath(f).read_text() + "\n" for f in (*includes, name))
     return text
 
 

@@ -38,6 +38,35 @@ from ..tensor import Tensor, host_array, signature_id
 FLOAT_ORDER = ("float16", "bfloat16", "float32", "float64")
 
 
+#: The activations an epilogue (``linear``'s and ``conv2d``'s ``activation=``) or an elementwise
+#: operator applies, as float64 references. Backends map the same names to their code
+#: (``epilogue.cuh`` / ``epilogue.cl`` / ``epilogue.py`` of each backend).
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": lambda x: np.where(np.isnan(x), x, np.maximum(x, 0.0)),
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "tanh": np.tanh,
+}
+#: The activations ``activation=`` takes (the others are operators of their own).
+EPILOGUES = ("relu", "gelu", "gelu_tanh", "silu")
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return erf(x)
+
+
+def activation_attr(op: str, value: Any) -> str | None:
+    """Validate an ``activation=`` attribute: None or one of :data:`EPILOGUES`."""
+    if value is None or (isinstance(value, str) and value in EPILOGUES):
+        return value
+    raise AttributeValueError(f"{op}: activation must be None or one of {', '.join(map(repr, EPILOGUES))}; "
+                              f"got {value!r}")
+
+
 _plans_get = selector.plans.get  # the plan cache is one LRU for the process (cleared, never replaced)
 
 
@@ -156,6 +185,11 @@ class Operator(abc.ABC):
     @abc.abstractmethod
     def reference(self, *arrays: np.ndarray, **attrs: Any) -> np.ndarray:
         """The float64 result, computed plainly with NumPy."""
+
+    def sample(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Random host operands (normal draws) moved into the operator's domain, for the
+        conformance suite and the bench: e.g. a variance made positive. The default keeps them."""
+        return arrays
 
     def flops(self, problem: Problem) -> float:
         """Floating-point operations of one call (the bench's and the cost models' numerator)."""

@@ -73,8 +73,8 @@ def device_view(device: Device, host: np.ndarray, view: str | None) -> tuple[Any
 def build(case: Case, device: Device, dtype: str, rng: np.random.Generator) -> Built:
     """Put ``case`` on ``device`` in ``dtype`` with fresh random values."""
     hosts, operands, bases = [], [], []
-    for i, shape in enumerate(case.shapes):
-        host = random_array(rng, shape, dtype, case.scale)
+    drawn = OPS[case.op].sample([random_array(rng, shape, dtype, case.scale) for shape in case.shapes])
+    for i, host in enumerate(drawn):
         data, base, base_host = device_view(device, host, case.views[i] if i < len(case.views) else None)
         operands.append(data)
         hosts.append(host)

@@ -103,7 +103,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
     """Benchmark one case on one device; ``peers`` limits the peer libraries (default: all)."""
     op = OPS[case.op]
     rng, dtype = np.random.default_rng(0), np_dtype(case.dtype)
-    host = [host_normal(rng, s, dtype) for s in case.shapes]  # the peers and the reference get these
+    host = op.sample([host_normal(rng, s, dtype) for s in case.shapes])  # the peers and the reference get these
     res = Result(case.op, case.label, case.dtype, device.name)
     prov = device.provider
     attrs = dict(case.attrs)

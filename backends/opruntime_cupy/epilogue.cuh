@@ -1,0 +1,31 @@
+// The activation epilogues, shared by the elementwise kernels and the GEMM / conv epilogues.
+// activate<A>(v) applies activation code A to v in the accumulator type (float or double);
+// the codes are opruntime_cupy.epilogue.ACT (0 none, 1 relu, 2 gelu, 3 gelu_tanh, 4 silu,
+// 5 sigmoid, 6 tanh). NaN stays NaN through every one.
+#pragma once
+
+__device__ __forceinline__ float m_erf(float v) { return erff(v); }
+__device__ __forceinline__ double m_erf(double v) { return erf(v); }
+__device__ __forceinline__ float m_tanh(float v) { return tanhf(v); }
+__device__ __forceinline__ double m_tanh(double v) { return tanh(v); }
+__device__ __forceinline__ float m_exp(float v) { return __expf(v); }
+__device__ __forceinline__ double m_exp(double v) { return exp(v); }
+
+template <int A, typename F>
+__device__ __forceinline__ F activate(F v) {
+    if constexpr (A == 1) {
+        return (v > F(0) || v != v) ? v : F(0);
+    } else if constexpr (A == 2) {
+        return F(0.5) * v * (F(1) + m_erf(v * F(0.70710678118654752440)));
+    } else if constexpr (A == 3) {
+        return F(0.5) * v * (F(1) + m_tanh(F(0.79788456080286535588) * (v + F(0.044715) * v * v * v)));
+    } else if constexpr (A == 4) {
+        return v / (F(1) + m_exp(-v));
+    } else if constexpr (A == 5) {
+        return F(1) / (F(1) + m_exp(-v));
+    } else if constexpr (A == 6) {
+        return m_tanh(v);
+    } else {
+        return v;
+    }
+}

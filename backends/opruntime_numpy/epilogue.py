@@ -1,0 +1,46 @@
+"""The activation epilogues on the CPU, by the frontend's activation name
+(``opruntime.ops.base.ACTIVATIONS``; None is no epilogue): ``activate(name, y)`` applies one to
+the float array ``y`` in place, with ufuncs writing into ``y`` (gelu, silu and sigmoid need one
+temporary of ``y``'s size). NaN stays NaN."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import erf
+
+
+def activate(name: str | None, y: np.ndarray) -> np.ndarray:
+    """Apply activation ``name`` to ``y`` in place and return ``y``."""
+    if name is None:
+        return y
+    if name == "relu":
+        np.maximum(y, y.dtype.type(0), out=y)  # maximum keeps NaN
+    elif name == "gelu":
+        t = erf(y * y.dtype.type(0.70710678118654752440))
+        t += 1
+        y *= t
+        y *= y.dtype.type(0.5)
+    elif name == "gelu_tanh":
+        t = y * y
+        t *= y.dtype.type(0.044715)
+        t += 1
+        t *= y
+        t *= y.dtype.type(0.79788456080286535588)
+        np.tanh(t, out=t)
+        t += 1
+        y *= t
+        y *= y.dtype.type(0.5)
+    elif name in ("silu", "sigmoid"):
+        t = np.negative(y)
+        with np.errstate(over="ignore"):
+            np.exp(t, out=t)
+        t += 1
+        if name == "silu":
+            y /= t
+        else:
+            np.reciprocal(t, out=y)
+    elif name == "tanh":
+        np.tanh(y, out=y)
+    else:
+        raise ValueError(f"unknown activation {name!r}")
+    return y
