@@ -16,6 +16,7 @@ Keys (file, ``configure`` and ``override`` alike; :data:`KEYS` is the source of 
     tune_budget = 2.0                          # seconds per new problem when autotuning
     tune_top_k  = 8                            # candidates timed per problem
     strict    = false                          # raise instead of announcing a fallback
+    log_tuning = false                         # print each tuning decision (logger opruntime.tuning)
     plugins   = ["-opencl"]                    # "-name" blocks a plugin; plain names allow only those
     cache_dir = "~/.cache/opruntime"
     [ops.softmax]                              # per operator (under [tool.opruntime.ops.softmax]
@@ -47,6 +48,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "device": ("device priority list; the first present device wins", 'a name or a list of names, e.g. ["cuda:0", "cpu"]'),
     "tune": ("how kernels are chosen", " | ".join(TUNE_MODES)),
     "strict": ("raise instead of announcing a fallback", "true | false"),
+    "log_tuning": ("print each tuning decision to stderr: the problem, the candidates timed, the winner, "
+                   "the time spent (or set the logger 'opruntime.tuning' to INFO)", "true | false"),
     "plugins": ("plugins to block ('-name') or, with plain names, the only ones to load", 'a list of names, e.g. ["-opencl"]'),
     "cache_dir": ("where tuning results are kept", "a directory path"),
     "bucket": ("tuning-cache keys: exact shapes, or each dim rounded up to a power of two", "exact | pow2"),
@@ -65,6 +68,7 @@ ENV = {
     "OPRUNTIME_DEVICE": "device",
     "OPRUNTIME_TUNE": "tune",
     "OPRUNTIME_STRICT": "strict",
+    "OPRUNTIME_LOG_TUNING": "log_tuning",
     "OPRUNTIME_PLUGINS": "plugins",
     "OPRUNTIME_CACHE_DIR": "cache_dir",
     "OPRUNTIME_BUCKET": "bucket",
@@ -88,6 +92,7 @@ class Settings:
     device: tuple[str, ...] = ()
     tune: str = "heuristic"
     strict: bool = False
+    log_tuning: bool = False
     plugins: tuple[str, ...] = ()
     cache_dir: str | None = None
     bucket: str = "exact"
@@ -176,7 +181,7 @@ def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
             out[key] = _names(value, where, key)
         elif key in ("tune", "bucket"):
             out[key] = _choice(value, TUNE_MODES if key == "tune" else BUCKETS, where, key)
-        elif key == "strict":
+        elif key in ("strict", "log_tuning"):
             out[key] = _bool(value, where, key)
         elif key == "cache_dir":
             if not isinstance(value, (str, os.PathLike)):

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from .selector import Candidate
 
 log = logging.getLogger("opruntime")
+#: every tuning decision at INFO (the ``log_tuning`` setting / ``OPRUNTIME_LOG_TUNING=1`` prints it)
+decisions = logging.getLogger("opruntime.tuning")
 
 ROTATE_BELOW = 64 << 20  # problems smaller than this (bytes) fit in some cache: rotate input sets
 EARLY_STOP = 3.0  # stop timing a candidate this many times slower than the best so far
@@ -217,6 +219,30 @@ def recheck(problem: Problem, device: Device, order: list[Candidate], why: str, 
     return order, f"{why}, the cached choice holds"
 
 
+def report(problem: Problem, device: Device, order: Sequence[Candidate], spent_s: float, show: bool) -> None:
+    """Log one tuning decision at INFO on ``opruntime.tuning``: the problem, every candidate
+    timed (fastest first, with its time) or skipped (with why), the winner and the time spent.
+    ``show`` (the ``log_tuning`` setting) makes sure it reaches stderr."""
+    if show and not decisions.isEnabledFor(logging.INFO):
+        decisions.setLevel(logging.INFO)
+    if show and not decisions.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        decisions.addHandler(handler)
+    if not decisions.isEnabledFor(logging.INFO):
+        return
+    timed = [c for c in order if c.measured is not None and math.isfinite(c.measured) and c.status == "ok"]
+    lines = [f"{problem} on {device.name}: {len(timed)} of {len(order)} candidates timed in {spent_s:.2f} s"]
+    for c in order:
+        if c in timed:
+            lines.append(f"  {c.measured * 1e6:10.1f} us  {c.label}{'  <- chosen' if c is order[0] else ''}")
+        elif c.measured is not None and math.isfinite(c.measured):  # stopped after one run
+            lines.append(f"  {c.measured * 1e6:10.1f} us  {c.label}: {c.status}")
+        else:
+            lines.append(f"  {'':>10}     {c.label}: {c.status}")
+    decisions.info("\n".join(lines))
+
+
 def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[Candidate]) -> tuple[list[Candidate], str] | None:
     """The order from the tuning cache, or (autotune) from timing the candidates now; None when neither."""
     key = problem_key(problem, s.bucket_for(problem.op))
@@ -245,8 +271,10 @@ def cached_or_tuned(problem: Problem, device: Device, s: Settings, usable: list[
             return order, why
     if s.tune != "autotune":
         return None
+    began = time.perf_counter()
     try:
         order = autotune(problem, device, usable, budget_s=s.tune_budget, top_k=s.tune_top_k)
+        report(problem, device, order, time.perf_counter() - began, s.log_tuning)
     except MemoryError as exc:  # no room for the random operands beside the caller's data
         log.warning("opruntime: %s on %s not tuned: %s; the cost estimates choose", problem, device.name, exc)
         return None

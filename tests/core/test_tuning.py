@@ -252,3 +252,33 @@ def test_refine_retimes_near_ties_together():
     assert not tuning.refine(Prov(), [far], calls, deadline=_time.perf_counter() + 5)  # nothing to break a tie with
     spent = SimpleNamespace(measured=1e-3), SimpleNamespace(measured=1e-3)
     assert not tuning.refine(Prov(), list(spent), {id(c): (lambda: None) for c in spent}, deadline=0.0)  # no budget left
+
+
+def test_each_tuning_decision_is_logged(fake, rng, caplog):
+    """``log_tuning`` (OPRUNTIME_LOG_TUNING=1) shows the problem, every candidate with its time, the
+    winner and the time spent; a cached decision is not re-announced."""
+    delays(fake, a=0.003, b=0.0, c=0.001)
+    opr.configure(tune="autotune", log_tuning=True)
+    a, b = operands(rng)
+    with caplog.at_level("INFO", logger="opruntime.tuning"):
+        opr.matmul(a, b)
+        opr.matmul(a, b)
+    lines = [r.getMessage() for r in caplog.records if r.name == "opruntime.tuning"]
+    assert len(lines) == 1
+    text = lines[0]
+    assert text.startswith("matmul 4x5 x 5x3 float32 on fake:0: ") and " of 3 candidates timed in " in text
+    chosen = [ln for ln in text.splitlines() if ln.endswith("<- chosen")]
+    assert len(chosen) == 1 and "fake.matmul.b" in chosen[0]
+    assert all(f"fake.matmul.{k}" in text for k in "abc")
+
+
+def test_log_tuning_is_a_setting_with_an_environment_variable(monkeypatch):
+    monkeypatch.setenv("OPRUNTIME_LOG_TUNING", "1")
+    opr.configure()  # re-read
+    from opruntime.config import settings
+
+    assert settings().log_tuning is True
+    monkeypatch.setenv("OPRUNTIME_LOG_TUNING", "maybe")
+    with pytest.raises(opr.errors.ConfigError, match="log_tuning"):
+        opr.configure()
+        settings()
