@@ -2,8 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Extras installed into .venv: the test tools plus the backends that run without a GPU.
-EXTRAS ?= test,lint,opencl,jax,docs,plot
+# Extras installed into .venv: the test tools, the backends that run without a GPU, and the models'
+# peers (torch, onnxruntime: tests/system/test_models.py and `opruntime bench --suite models`).
+EXTRAS ?= test,lint,opencl,jax,docs,plot,models
 
 .PHONY: demo test test-gpu compile-cu opencl-icd docs lint clean
 
