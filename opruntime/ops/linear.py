@@ -1,0 +1,186 @@
+"""linear: ``x @ weight.T + bias``, then an activation, as ``torch.nn.functional.linear``.
+
+* ``x`` is (..., in_features), at least 1-D; ``weight`` is (out_features, in_features);
+  ``bias`` is (out_features,) or None. The result is (..., out_features); a 1-D ``x`` gives
+  (out_features,).
+* ``activation`` is None or one of ``"relu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"``
+  (:data:`~opruntime.ops.base.EPILOGUES`), applied to ``x @ weight.T + bias`` as the kernel's
+  epilogue: no second pass over the output.
+
+Kernels see ``x`` as rows: (M, K) with M the product of its leading dims (1 for a 1-D ``x``; a
+view when the leading dims allow one), ``weight`` (N, K), ``bias`` (N,) when present, and
+``attrs``: ``activation`` (None or a name) and ``bias`` (bool). The output is (M, N).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShapeError, UnknownAttributeError
+from ..kernels import Attrs, Problem
+from ..tensor import Tensor
+from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr
+
+
+def _ln(x: tuple[int, ...], n: int, bias: bool = True, activation: str | None = None,
+        views: tuple[str | None, ...] = (), dtype: str = "float32") -> Case:
+    k = x[-1]
+    shapes = (x, (n, k), (n,)) if bias else (x, (n, k))
+    return Case(shapes, {"activation": activation}, dtype, views)
+
+
+def _torch_act(torch: Any, name: str | None, y: Any) -> Any:
+    f = torch.nn.functional
+    if name is None:
+        return y
+    return f.gelu(y, approximate="tanh") if name == "gelu_tanh" else getattr(f, name)(y)
+
+
+def _jax_act(jax: Any, name: str | None, y: Any) -> Any:
+    if name is None:
+        return y
+    if name in ("gelu", "gelu_tanh"):
+        return jax.nn.gelu(y, approximate=name == "gelu_tanh")
+    return getattr(jax.nn, name)(y)
+
+
+def _numpy_peer(np: Any, x: Any, weight: Any, bias: Any = None, activation: str | None = None) -> Any:
+    """NumPy's (or CuPy's) matmul, bias add and activation, each a pass of its own."""
+    y = x @ weight.T
+    if bias is not None:
+        y = y + bias
+    if activation is None:
+        return y
+    if activation == "relu":
+        return np.maximum(y, 0)
+    if activation == "silu":
+        return y / (1 + np.exp(-y))
+    if activation == "gelu_tanh":
+        return 0.5 * y * (1 + np.tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)))
+    return NotImplemented  # exact gelu needs erf, which NumPy lacks
+
+
+def _torch_peer(torch: Any, x: Any, weight: Any, bias: Any = None, activation: str | None = None) -> Any:
+    return _torch_act(torch, activation, torch.nn.functional.linear(x, weight, bias))
+
+
+def _jax_peer(jax: Any, x: Any, weight: Any, bias: Any = None, activation: str | None = None) -> Any:
+    y = jax.numpy.matmul(x, weight.T, precision=jax.lax.Precision.HIGHEST)
+    return _jax_act(jax, activation, y if bias is None else y + bias)
+
+
+def _onnx_peer(activation: str | None = None) -> Any:
+    """ONNX's Gemm with transB (2-D x only; no activation: that would be a second node)."""
+    return None if activation is not None else ("Gemm", {"transB": 1})
+
+
+class Linear(Operator):
+    name = "linear"
+    operands = ("x", "weight", "bias")
+    required = 2
+    bound = "compute"
+    #: 1-D / 2-D / 3-D x, odd sizes, size-1 dims, bias on and off, every activation, strided x,
+    #: weight and bias (a transposed weight is the (in, out) layout a matmul would take)
+    cases = [
+        _ln((7, 13), 5, False),
+        _ln((7, 13), 5, True, "relu"),
+        _ln((13,), 5, True, "gelu"),
+        _ln((2, 3, 13), 6, True, "gelu_tanh"),
+        _ln((1, 1), 1, True, "silu"),
+        _ln((4, 1, 16), 1, False, "gelu"),
+        _ln((67, 131), 61, True, "gelu"),
+        _ln((37, 21), 19, True, "relu", ("T", None)),
+        _ln((37, 21), 19, True, "silu", ("slice", "T", "slice")),
+        _ln((2, 5, 24), 16, False, "gelu_tanh", ("slice", "slice")),
+        _ln((33, 64), 40, True, None, (None, "T")),
+    ]
+    quick = (1, 3, 7)
+    empty = [_ln((0, 5), 3), _ln((4, 0), 3, True, "gelu"), _ln((2, 0, 5), 4, False, "relu"), _ln((3, 5), 0)]
+    bench = {
+        "cpu": [_ln((1024, 1024), 1024, True, "gelu")],
+        "overhead": [_ln((4, 4), 4, True, "relu")],
+        "gpu": [_ln((4096, 4096), 4096, True, "gelu", dtype="float16"),
+                _ln((4096, 4096), 4096, True, "gelu_tanh", dtype="float16"),
+                _ln((4096, 4096), 4096, True, None, dtype="float16"),
+                _ln((4096, 4096), 4096, True, "gelu")],
+    }
+    peers = {"numpy": _numpy_peer, "torch": _torch_peer, "jax": _jax_peer, "onnx": _onnx_peer}
+
+    def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
+        sx, sw = tuple(shapes[0]), tuple(shapes[1])
+        sb = tuple(shapes[2]) if len(shapes) > 2 else None
+        activation = activation_attr("linear", attrs.pop("activation", None))
+        if attrs:
+            raise UnknownAttributeError(f"linear() got unexpected keyword argument(s) {', '.join(attrs)}; "
+                                        f"it takes {', '.join(self.attributes)}")
+        if not sx:
+            raise ShapeError("linear: x must be at least 1-D (..., in_features), got a 0-D array")
+        if len(sw) != 2:
+            raise ShapeError(f"linear: weight must be 2-D (out_features, in_features), got shape {sw}")
+        n, k = sw
+        if sx[-1] != k:
+            raise ShapeError(f"linear: x {sx} has in_features={sx[-1]} (its last dim) but weight {sw} has "
+                             f"in_features={k} (its second dim); weight must be (out_features, in_features), "
+                             f"as torch.nn.functional.linear takes it (transpose a (in, out) matrix first)")
+        if sb is not None and sb != (n,):
+            raise ShapeError(f"linear: bias must have shape ({n},) to match weight {sw} (out_features={n}), got {sb}")
+        m = math.prod(sx[:-1])
+        out = (m, n)
+        result = (*sx[:-1], n)
+        trivial = "empty" if m * n == 0 else ("zeros" if k == 0 else None)
+        shapes_n = ((m, k), sw) + ((sb,) if sb is not None else ())
+        return Normalized(shapes_n, Attrs(activation=activation, bias=sb is not None), out, result, trivial)
+
+    def reference(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
+                  activation: str | None = None) -> np.ndarray:
+        y = np.matmul(np.asarray(x, np.float64), np.asarray(weight, np.float64).T)
+        if bias is not None:
+            y = y + np.asarray(bias, np.float64)
+        if activation is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                y = ACTIVATIONS[activation](y)
+        return np.asarray(y, np.float64)
+
+    def flops(self, problem: Problem) -> float:
+        m, k = problem.shapes[0]
+        return 2.0 * m * problem.shapes[1][0] * k
+
+    def trivial_result(self, problem: Problem, result_shape: tuple[int, ...], trivial: str, datas: Sequence[Any],
+                       provider: Any) -> Any:
+        """Over zero input features the result is the activated bias (a new array), else zeros."""
+        if trivial == "empty" or not problem.attrs["bias"]:
+            return super().trivial_result(problem, result_shape, trivial, datas, provider)
+        bias = provider.to_host(datas[2]).astype(np.float64)
+        y = self.reference(np.zeros((1, 0)), np.zeros((bias.shape[0], 0)), bias, problem.attrs["activation"])
+        dt = np.dtype(datas[0].dtype)
+        return provider.from_host(np.array(np.broadcast_to(y, result_shape), dtype=dt))
+
+
+LINEAR = Linear()
+
+
+@LINEAR.function
+def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None, *, device: Any = None) -> Tensor:
+    """``x @ weight.T + bias``, then ``activation``, as ``torch.nn.functional.linear`` (and the
+    activation's function) would compute them, in one kernel where the device has one.
+
+    Args:
+        x: (..., in_features): a Tensor, a native device array or host data.
+        weight: (out_features, in_features).
+        bias: (out_features,) or None.
+        activation: None, ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (the tanh
+            approximation) or ``"silu"``: applied to the biased product as a fused epilogue.
+        device: run here.
+
+    Returns:
+        A Tensor (..., out_features) (``(out_features,)`` for a 1-D ``x``), in the promoted dtype.
+
+    Raises:
+        ShapeError: a 0-D x, a weight that is not 2-D, in_features that differ, a bias of the
+            wrong shape.  AttributeValueError: an unknown activation.
+        DtypeError, DeviceMismatchError: as every operator.
+    """
