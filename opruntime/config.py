@@ -196,8 +196,9 @@ def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-#: the operator names 'ops' tables may use: filled by ``opruntime.ops`` as it loads the operators
-OPERATORS: set[str] = set()
+#: name -> Operator, filled by ``opruntime.ops`` as it loads the operators: the names 'ops' tables
+#: may use, and how the Tensor's ``+ - * / @`` reach their operators (tensor.py sits below ops)
+OPERATORS: dict[str, Any] = {}
 
 
 def _parse_ops(value: Any, where: str) -> dict[str, OpSettings]:
