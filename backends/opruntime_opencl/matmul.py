@@ -4,12 +4,17 @@ one-output-per-work-item tiled kernel; all batched with broadcast batch dims.
 
 Operands are read in place when each matrix is row-major (unit column stride) at any row stride
 and batch strides; other views (a transpose) are first gathered into a contiguous copy.
+
+The three kernels take an epilogue (:class:`Epilogue`: a bias per output column and an
+activation of ``epilogue.cl``, applied before the one rounding to the output type): ``linear``
+(``linear.py``) builds them with it; matmul builds them without.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,11 +23,15 @@ from opruntime.kernels import Kernel, Problem, c_strides, itemsize
 
 from . import compile as cl_compile
 from .compile import BUFFER
+from .epilogue import ACT
 from .memory import OpenCLDevice, elem_strides, kernel_dtypes
+
+#: The program text of every GEMM: matmul.cl after epilogue.cl (ACTIVATE; identity without ACT).
+SOURCE = ("matmul.cl", "epilogue.cl")
 
 
 def kernels() -> list[Kernel]:
-    src, dtypes = cl_compile.source("matmul.cl"), kernel_dtypes()
+    src, dtypes = cl_compile.source(*SOURCE), kernel_dtypes()
     return [
         #       op        name                         kind      dtypes
         Kernel("matmul", "opencl.matmul.tiled", "opencl", dtypes, prepare=prepare_tiled, supports=supports_tiled,
@@ -67,9 +76,31 @@ TYPES = {"float32": ("float", "float", {}), "float64": ("double", "double", {"US
          "float16": ("half", "float", {"USE_FP16": 1})}
 
 
-def defines(dtype: str, config: Mapping[str, int]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Epilogue:
+    """What a GEMM does to each output before storing it: add ``bias[n]`` (an extra operand of
+    the launch) and apply ``activation`` (a name of ``epilogue.ACT``, or None)."""
+
+    bias: bool = False
+    activation: str | None = None
+
+    def defines(self) -> dict[str, int]:
+        out = {"BIAS": 1} if self.bias else {}
+        if self.activation is not None:
+            out["ACT"] = ACT[self.activation]
+        return out
+
+    def signature(self) -> tuple[Any, ...]:
+        """The kernel arguments it adds: the bias buffer and its element offset."""
+        return (BUFFER, np.int64) if self.bias else ()
+
+
+NO_EPILOGUE = Epilogue()
+
+
+def defines(dtype: str, config: Mapping[str, int], epilogue: Epilogue = NO_EPILOGUE) -> dict[str, Any]:
     t, acc, ext = TYPES[dtype]
-    return {"T": t, "ACC": acc, **ext, **config}
+    return {"T": t, "ACC": acc, **ext, **config, **epilogue.defines()}
 
 
 # -- operands --------------------------------------------------------------------------------
@@ -109,10 +140,11 @@ class _Layout:
         self.steps = dev.from_host(steps)
 
 
-def _launcher(problem: Problem, body: Callable[..., None]) -> Callable[[Any, Any], Any]:
-    """``launch(a, b)``: each operand read in place or gathered, the result allocated, then
-    ``body(a, a0, la, b, b0, lb, out)`` enqueues the kernel (``a0``: the view's start in
-    elements, ``la``: its :class:`_Layout`).
+def _launcher(problem: Problem, body: Callable[..., None]) -> Callable[..., Any]:
+    """``launch(a, b, bias=None)``: each operand read in place or gathered, the result allocated,
+    then ``body(a, a0, la, b, b0, lb, out, *extra)`` enqueues the kernel (``a0``: the view's start
+    in elements, ``la``: its :class:`_Layout`; ``extra``: the bias buffer and its element offset,
+    when a bias is given: a contiguous copy of a strided one).
 
     The layouts come from the problem's strides, once; an array whose strides differ from the
     problem's (an operand the frontend cast: a contiguous copy of a strided view) gets its own
@@ -132,11 +164,16 @@ def _launcher(problem: Problem, body: Callable[..., None]) -> Callable[[Any, Any
             x = dev.contiguous(x)
         return x, x.offset // size, lay
 
-    def launch(a: Any, b: Any) -> Any:
+    def launch(a: Any, b: Any, bias: Any = None) -> Any:
         a, a0, la = operand(0, a)
         b, b0, lb = operand(1, b)
         out = dev.empty(shape, dtype)
-        body(a, a0, la, b, b0, lb, out)
+        if bias is None:
+            body(a, a0, la, b, b0, lb, out)
+        else:
+            if not bias.flags.c_contiguous:
+                bias = dev.contiguous(bias)
+            body(a, a0, la, b, b0, lb, out, bias.base_data, bias.offset // size)
         return out
 
     return launch
@@ -148,52 +185,58 @@ SIGNATURE = (np.int32,) * 3 + (BUFFER, BUFFER, np.int64, np.int32) * 2 + (BUFFER
 TILED_SIGNATURE = (np.int32,) * 3 + (BUFFER, BUFFER, np.int64, np.int32, np.int32) * 2 + (BUFFER, np.int32)
 
 
-def prepare_tiled(problem: Problem, config: Mapping[str, int]) -> Callable[[Any, Any], Any]:
-    """Build tile ``config`` of the tiled GEMM for ``problem``."""
+def prepare_tiled(problem: Problem, config: Mapping[str, int], epilogue: Epilogue = NO_EPILOGUE,
+                  label: str = "opencl.matmul.tiled") -> Callable[..., Any]:
+    """Build tile ``config`` of the tiled GEMM (with ``epilogue``) for ``problem``."""
     dev = problem.device.provider
     m, n, k, nb = _dims(problem)
-    knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines(problem.dtype, config), "gemm_tiled",
-                            label="opencl.matmul.tiled")
+    knl = cl_compile.kernel(dev, cl_compile.source(*SOURCE), defines(problem.dtype, config, epilogue), "gemm_tiled",
+                            label=label)
     rtsm, rtsn = config["TSM"] // config["WPTM"], config["TSN"] // config["WPTN"]
     gsize = (-(-n // config["TSN"]) * rtsn, -(-m // config["TSM"]) * rtsm, nb)
-    run = cl_compile.Launch(dev, knl, (rtsn, rtsm, 1), TILED_SIGNATURE, gsize)
+    run = cl_compile.Launch(dev, knl, (rtsn, rtsm, 1), TILED_SIGNATURE + epilogue.signature(), gsize)
     vw = config["VW"]
     c_vec = n % vw == 0
 
-    def body(a: Any, a0: int, la: _Layout, b: Any, b0: int, lb: _Layout, out: Any) -> None:
+    def body(a: Any, a0: int, la: _Layout, b: Any, b0: int, lb: _Layout, out: Any, *extra: Any) -> None:
         run(m, n, k, a.base_data, la.steps.base_data, a0, la.ld, la.align % vw == 0 and a0 % vw == 0,
-            b.base_data, lb.steps.base_data, b0, lb.ld, lb.align % vw == 0 and b0 % vw == 0, out.base_data, c_vec)
+            b.base_data, lb.steps.base_data, b0, lb.ld, lb.align % vw == 0 and b0 % vw == 0, out.base_data, c_vec,
+            *extra)
 
     return _launcher(problem, body)
 
 
-def prepare_simple(problem: Problem, config: Mapping[str, int]) -> Callable[[Any, Any], Any]:
-    """Build the one-output-per-work-item GEMM (tile ``config["TS"]``) for ``problem``."""
+def prepare_simple(problem: Problem, config: Mapping[str, int], epilogue: Epilogue = NO_EPILOGUE,
+                   label: str = "opencl.matmul.simple") -> Callable[..., Any]:
+    """Build the one-output-per-work-item GEMM (tile ``config["TS"]``, with ``epilogue``) for ``problem``."""
     dev = problem.device.provider
     m, n, k, nb = _dims(problem)
     ts = config["TS"]
-    knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines(problem.dtype, config), "gemm_simple",
-                            label="opencl.matmul.simple")
-    return _launcher(problem, _plain(cl_compile.Launch(dev, knl, (ts, ts, 1), SIGNATURE, (n, m, nb)), m, n, k))
+    knl = cl_compile.kernel(dev, cl_compile.source(*SOURCE), defines(problem.dtype, config, epilogue), "gemm_simple",
+                            label=label)
+    run = cl_compile.Launch(dev, knl, (ts, ts, 1), SIGNATURE + epilogue.signature(), (n, m, nb))
+    return _launcher(problem, _plain(run, m, n, k))
 
 
-def prepare_vector(problem: Problem, config: Mapping[str, int]) -> Callable[[Any, Any], Any]:
-    """Build the SIMD-vector GEMM (``config``: MR x NRV vectors per work-item) for ``problem``."""
+def prepare_vector(problem: Problem, config: Mapping[str, int], epilogue: Epilogue = NO_EPILOGUE,
+                   label: str = "opencl.matmul.vector") -> Callable[..., Any]:
+    """Build the SIMD-vector GEMM (``config``: MR x NRV vectors per work-item; with ``epilogue``)
+    for ``problem``."""
     dev = problem.device.provider
     m, n, k, nb = _dims(problem)
     vw = vector_width(problem.dtype)
-    defines_ = {**defines(problem.dtype, {}), "MR": config["MR"], "NRV": config["NRV"], "VW": vw}
-    knl = cl_compile.kernel(dev, cl_compile.source("matmul.cl"), defines_, "gemm_vector", label="opencl.matmul.vector")
+    defines_ = {**defines(problem.dtype, {}, epilogue), "MR": config["MR"], "NRV": config["NRV"], "VW": vw}
+    knl = cl_compile.kernel(dev, cl_compile.source(*SOURCE), defines_, "gemm_vector", label=label)
     gsize = (-(-n // (config["NRV"] * vw)), -(-m // config["MR"]), nb)
-    run = cl_compile.Launch(dev, knl, (config["WGX"], config["WGY"], 1), SIGNATURE, gsize)
+    run = cl_compile.Launch(dev, knl, (config["WGX"], config["WGY"], 1), SIGNATURE + epilogue.signature(), gsize)
     return _launcher(problem, _plain(run, m, n, k))
 
 
 def _plain(run: cl_compile.Launch, m: int, n: int, k: int) -> Callable[..., None]:
-    """The body of a kernel with :data:`SIGNATURE` arguments."""
-    def body(a: Any, a0: int, la: _Layout, b: Any, b0: int, lb: _Layout, out: Any) -> None:
+    """The body of a kernel with :data:`SIGNATURE` arguments (and an epilogue's ``extra``)."""
+    def body(a: Any, a0: int, la: _Layout, b: Any, b0: int, lb: _Layout, out: Any, *extra: Any) -> None:
         run(m, n, k, a.base_data, la.steps.base_data, a0, la.ld, b.base_data, lb.steps.base_data, b0, lb.ld,
-            out.base_data)
+            out.base_data, *extra)
 
     return body
 
