@@ -1,0 +1,83 @@
+"""layer_norm, rms_norm and batch_norm on JAX devices: jax.numpy through XLA (mean and variance
+fused into one reduction kernel and the normalisation into its epilogue). float16 / bfloat16 are
+computed in float32 inside the fused kernel (no extra memory traffic)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from opruntime.kernels import Kernel, Problem
+
+from .compile import JitKernel, device_cost, io_bytes
+from .matmul import FLOATS
+
+DEFAULT_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "float64": 2.0 ** -52}
+
+
+def _split(problem: Problem, vecs: tuple[Any, ...]) -> tuple[Any, Any]:
+    w = vecs[0] if problem.attrs["weight"] else None
+    b = vecs[-1] if problem.attrs["bias"] else None
+    return w, b
+
+
+def _acc(jnp: Any, dtype: str) -> Any:
+    return jnp.float32 if dtype in ("float16", "bfloat16") else getattr(jnp, dtype)
+
+
+def build_rows(problem: Problem, config: Mapping[str, Any]) -> Any:
+    import jax.numpy as jnp
+
+    rms = problem.op == "rms_norm"
+    eps = problem.attrs["eps"]
+    eps = DEFAULT_EPS[problem.dtype] if eps is None else eps
+    acc = _acc(jnp, problem.dtype)
+
+    def rows(x: Any, *vecs: Any) -> Any:
+        w, b = _split(problem, vecs)
+        t = x.astype(acc)
+        if not rms:
+            t = t - jnp.mean(t, axis=-1, keepdims=True)
+        y = t * jnp.reciprocal(jnp.sqrt(jnp.mean(t * t, axis=-1, keepdims=True) + eps))
+        if w is not None:
+            y = y * w.astype(acc)
+        if b is not None:
+            y = y + b.astype(acc)
+        return y.astype(x.dtype)
+
+    return rows
+
+
+def build_batch(problem: Problem, config: Mapping[str, Any]) -> Any:
+    import jax.numpy as jnp
+
+    eps = problem.attrs["eps"]
+    acc = _acc(jnp, problem.dtype)
+
+    def batch(x: Any, mean: Any, var: Any, *vecs: Any) -> Any:
+        w, b = _split(problem, vecs)
+        scale = jnp.reciprocal(jnp.sqrt(var.astype(acc) + eps))
+        if w is not None:
+            scale = scale * w.astype(acc)
+        shift = -mean.astype(acc) * scale
+        if b is not None:
+            shift = shift + b.astype(acc)
+        return (x.astype(acc) * scale[:, None] + shift[:, None]).astype(x.dtype)
+
+    return batch
+
+
+def xla_cost(problem: Problem, config: Any) -> float:
+    return device_cost(problem, 6.0 * math.prod(problem.out_shape), io_bytes(problem), byte_eff=0.85)
+
+
+def kernels() -> list[Kernel]:
+    table = []
+    for op, build, src in (("layer_norm", build_rows, "jnp mean / var, half types in float32"),
+                           ("rms_norm", build_rows, "jnp mean of squares, half types in float32"),
+                           ("batch_norm", build_batch, "per-channel scale and shift, half types in float32")):
+        name = f"jax.{op}.xla"
+        table.append(Kernel(op, name, "jax", FLOATS, prepare=JitKernel(name, build).prepare, cost=xla_cost,
+                            vendor=True, source=src))
+    return table

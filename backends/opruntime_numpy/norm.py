@@ -1,0 +1,119 @@
+"""layer_norm, rms_norm and batch_norm on the CPU, vectorized over blocks of rows.
+
+A block of rows (about :data:`BLOCK_BYTES` of the computation dtype) is copied into a C-ordered
+working buffer (the output itself when no cast is needed), and every pass over it (mean, centre,
+variance, scale, weight, bias) runs while it is in cache. float16 is computed in float32;
+float32 and float64 in their own precision (the row sums are NumPy's pairwise sums).
+batch_norm folds the running statistics, weight and bias into one scale and shift per channel
+(``y = x * scale + shift``), computed in float64 and applied in the computation dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
+
+from .matmul import CPU_BYTES, CPU_FLOPS
+
+#: bytes of the computation dtype per block of rows: a working set that stays in L2
+BLOCK_BYTES = 256 * 1024
+DEFAULT_EPS = {"float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52}  # rms_norm's eps=None
+_quiet = np.errstate(invalid="ignore", divide="ignore", over="ignore")
+
+
+def _acc(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _vectors(problem: Problem, vecs: tuple[np.ndarray, ...], acc: np.dtype) -> tuple[Any, Any]:
+    """(weight, bias) in the computation dtype, each None when absent."""
+    vecs = tuple(v.astype(acc, copy=False) for v in vecs)
+    w = vecs[0] if problem.attrs["weight"] else None
+    b = vecs[-1] if problem.attrs["bias"] else None
+    return w, b
+
+
+@_quiet
+def _rows(problem: Problem, x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
+    rows, cols = x.shape
+    rms = problem.op == "rms_norm"
+    eps = problem.attrs["eps"]
+    if eps is None:
+        eps = DEFAULT_EPS[problem.dtype]
+    acc = _acc(x.dtype)
+    w, b = _vectors(problem, vecs, acc)
+    out = np.empty((rows, cols), x.dtype)
+    step = max(1, BLOCK_BYTES // (cols * acc.itemsize))
+    work = None if acc == x.dtype else np.empty((min(step, rows), cols), acc)
+    inv_n = acc.type(1.0 / cols)
+    for r0 in range(0, rows, step):  # a Python step per block of rows; the work inside is vectorized
+        r1 = min(rows, r0 + step)
+        t = out[r0:r1] if work is None else work[:r1 - r0]
+        t[...] = x[r0:r1]
+        if not rms:
+            mean = t.sum(axis=1, keepdims=True)
+            mean *= inv_n
+            t -= mean
+        sq = np.square(t)
+        ms = sq.sum(axis=1, keepdims=True)
+        ms *= inv_n
+        ms += acc.type(eps)
+        np.sqrt(ms, out=ms)
+        np.divide(acc.type(1), ms, out=ms)
+        t *= ms
+        if w is not None:
+            t *= w
+        if b is not None:
+            t += b
+        if work is not None:
+            out[r0:r1] = t
+    return out
+
+
+def layer_norm(problem: Problem, config: Any, x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
+    return _rows(problem, x, *vecs)
+
+
+def rms_norm(problem: Problem, config: Any, x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
+    return _rows(problem, x, *vecs)
+
+
+@_quiet
+def batch_norm(problem: Problem, config: Any, x: np.ndarray, mean: np.ndarray, var: np.ndarray,
+               *vecs: np.ndarray) -> np.ndarray:
+    n, c, s = x.shape
+    acc = _acc(x.dtype)
+    w, b = _vectors(problem, vecs, np.dtype(np.float64))
+    scale = 1.0 / np.sqrt(var.astype(np.float64) + problem.attrs["eps"])
+    if w is not None:
+        scale = scale * w
+    shift = -mean.astype(np.float64) * scale
+    if b is not None:
+        shift = shift + b
+    scale = scale.astype(acc)[:, None]
+    shift = shift.astype(acc)[:, None]
+    out = np.empty((n, c, s), x.dtype)
+    step = max(1, BLOCK_BYTES // (c * s * acc.itemsize))
+    for n0 in range(0, n, step):  # blocks of whole images
+        n1 = min(n, n0 + step)
+        t = np.multiply(x[n0:n1], scale, dtype=acc)
+        t += shift
+        out[n0:n1] = t
+    return out
+
+
+def cost(problem: Problem, config: Any) -> float:
+    n = math.prod(problem.out_shape)
+    return roofline(6.0 * n, 2.0 * n * itemsize(problem.dtype), CPU_FLOPS, CPU_BYTES, 3e-6)
+
+
+def kernels() -> list[Kernel]:
+    return [
+        Kernel("layer_norm", "numpy.layer_norm.blocked", "cpu", FLOATS, layer_norm, cost=cost),
+        Kernel("rms_norm", "numpy.rms_norm.blocked", "cpu", FLOATS, rms_norm, cost=cost),
+        Kernel("batch_norm", "numpy.batch_norm.affine", "cpu", FLOATS, batch_norm, cost=cost),
+    ]
