@@ -15,15 +15,17 @@ from .hookspecs import DeviceProvider, hookimpl
 from .kernels import FLOATS, Kernel, Problem
 from .ops import *  # noqa: F403  (every operator's public function)
 from .ops import FUNCTIONS, OPS, explain
+from .ops.concat import concat
 from .plugins import available_devices as devices
 from .plugins import register, registry, unregister
-from .tensor import Tensor, tensor
+from .tensor import Tensor, permute, reshape, tensor, transpose
 from .trace import trace
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "FLOATS", "OPS", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "configure", "device", "devices",
-    "errors", "explain", "hookimpl", "override", "register", "registry", "reload", "tensor", "trace", "unregister",
+    "FLOATS", "OPS", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "concat", "configure", "device",
+    "devices", "errors", "explain", "hookimpl", "override", "permute", "register", "registry", "reload", "reshape",
+    "tensor", "trace", "transpose", "unregister",
     *FUNCTIONS,
 ]

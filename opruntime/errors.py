@@ -23,6 +23,11 @@ class AttributeValueError(OpRuntimeError, ValueError):
     """A bad operator attribute: stride, padding, dilation, groups, axis, ..."""
 
 
+class IndexingError(OpRuntimeError, IndexError):
+    """A Tensor index out of range, or of a kind Tensors do not take (advanced or boolean indexing,
+    a slice with a step <= 0), as NumPy's ``IndexError``."""
+
+
 class UnknownAttributeError(OpRuntimeError, TypeError):
     """A keyword the operator does not take (as Python's own TypeError for an unexpected keyword)."""
 

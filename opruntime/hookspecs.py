@@ -179,6 +179,47 @@ class DeviceProvider(abc.ABC):
         data = self.from_host(host_normal(np.random.default_rng(seed), shape, dtype))
         return data if data.dtype == dtype else self.astype(data, dtype)  # bfloat16: on the device
 
+    # -- views ----------------------------------------------------------------------------
+    # The Tensor's views (``t.reshape``, ``t.permute``, ``t[...]``) and ``opr.concat`` call these
+    # with arguments the frontend has validated and normalised. A view may share ``data``'s memory
+    # (Tensors are immutable, so neither can change); the defaults use the array's own methods
+    # (NumPy, CuPy and JAX arrays: views where the type has them, JAX's are new arrays by nature)
+    # and go through the host for an array type that lacks them.
+    def reshape(self, data: Any, shape: tuple[int, ...]) -> Any:
+        """``data`` with ``shape`` (the same size; no -1): a view when ``data``'s strides allow one,
+        else a new C-contiguous array, as NumPy's ``reshape``."""
+        if hasattr(data, "reshape"):
+            return data.reshape(shape)
+        return self.from_host(np.ascontiguousarray(self.to_host(data)).reshape(shape))
+
+    def permute(self, data: Any, axes: tuple[int, ...]) -> Any:
+        """``data`` with its dims reordered: result dim ``i`` is ``data``'s dim ``axes[i]`` (a
+        permutation of ``range(ndim)``), as NumPy's ``transpose(axes)``; a view where the type has
+        strides."""
+        if hasattr(data, "transpose"):
+            return data.transpose(axes)
+        return self.from_host(np.ascontiguousarray(self.to_host(data).transpose(axes)))
+
+    def getitem(self, data: Any, index: tuple[int | slice, ...]) -> Any:
+        """Basic indexing, ``data[index]``: ``index`` has one entry per dim, an int in
+        ``[0, n)`` or a ``slice(start, stop, step)`` with ``0 <= start <= stop <= n`` and
+        ``step >= 1`` (the frontend resolves negative and missing bounds, ``...`` and ``None``, and
+        refuses advanced indexing). A view where the type has strides."""
+        if hasattr(data, "__getitem__"):
+            return data[index]
+        return self.from_host(np.ascontiguousarray(self.to_host(data)[index]))
+
+    def concat(self, datas: Sequence[Any], axis: int) -> Any:
+        """A new C-contiguous array: ``datas`` (one or more, one dtype and rank, shapes equal but
+        on ``axis``, any strides) joined along ``axis`` (``0 <= axis < ndim``), as
+        ``np.concatenate``. The default uses the arrays' array-API namespace
+        (``__array_namespace__``: NumPy, CuPy, JAX), else goes through the host."""
+        space = getattr(datas[0], "__array_namespace__", None)
+        if space is not None:
+            xp = space()
+            return xp.concat(list(datas), axis=axis)
+        return self.from_host(np.concatenate([self.to_host(d) for d in datas], axis=axis))
+
     # -- DLPack ---------------------------------------------------------------------------
     def from_dlpack(self, obj: Any) -> Any:
         """Import any ``__dlpack__`` object onto this device (default: through the host)."""

@@ -10,13 +10,16 @@ or object sequences, Python ints as float32.
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import config
 from .config import settings
 from .devices import Device
-from .errors import DtypeError, InputTypeError, ShapeError
+from .errors import AttributeValueError, DeviceMismatchError, DtypeError, IndexingError, InputTypeError, ShapeError
 from .plugins import registry, resolve_device
 
 
@@ -26,6 +29,20 @@ class Tensor:
     The native array (a NumPy, CuPy, pyopencl or JAX array) is ``t.data``, shared with the
     Tensor: read it, never write into it. ``t.numpy()`` gives the values on the host. Tensors are
     created with :func:`opruntime.tensor` or returned by operators, and never change.
+
+    Views stay on the Tensor's device and share its memory where the device allows (NumPy, CuPy
+    and OpenCL arrays: no copy; a ``reshape`` the strides forbid copies, as NumPy's; JAX arrays are
+    immutable XLA buffers, so there a view is a new array). Neither the view nor the original can
+    change, so sharing is safe. The arithmetic operators call the operators ``add``, ``sub``,
+    ``mul``, ``div``, ``matmul`` and ``neg``; a Python number takes the Tensor's dtype (as in
+    torch), host arrays join the Tensor's device::
+
+        t = opr.tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4), device="cpu")
+        t.reshape(6, -1).shape      # (6, 4)     a view
+        t.permute(2, 0, 1).shape    # (4, 2, 3)  a view; t.transpose(0, 2), t.T (all dims reversed)
+        t[..., 1:3].shape           # (2, 3, 2)  ints, slices with a step >= 1, ..., None
+        opr.concat([t, t], axis=1)  # (2, 6, 4)  a new array
+        y = 2 * (t @ w) + b - 1.0   # matmul, mul, add, sub
     """
 
     __slots__ = ("_data", "_device", "_key")
@@ -80,6 +97,118 @@ class Tensor:
             raise TypeError("len() of a 0-d Tensor")
         return self._data.shape[0]
 
+    def __iter__(self) -> Iterator[Tensor]:
+        if not self._data.shape:
+            raise TypeError("iteration over a 0-d Tensor")
+        return (self[i] for i in range(self._data.shape[0]))
+
+    # -- views ------------------------------------------------------------------------------
+    def reshape(self, *shape: int | Sequence[int]) -> Tensor:
+        """The values in ``shape`` (ints, or one tuple; one dim may be -1: inferred), in C order,
+        as NumPy's ``reshape``: a view when the strides allow one, else a copy.
+
+        Raises:
+            ShapeError: the sizes differ. AttributeValueError: a dim that is not an int >= -1,
+            or two -1.
+        """
+        new = _reshape_target("reshape", self.shape, shape[0] if len(shape) == 1 and not _is_int(shape[0])
+                              else shape)
+        if new == self.shape:
+            return self
+        return Tensor._wrap(self._device.provider.reshape(self._data, new), self._device)
+
+    def permute(self, *dims: int | Sequence[int]) -> Tensor:
+        """The dims reordered: result dim ``i`` is dim ``dims[i]`` (a permutation of all dims,
+        negative ones counted from the end; ints or one tuple), as ``torch.permute``. A view."""
+        axes = _permutation("permute", self.ndim, dims[0] if len(dims) == 1 and not _is_int(dims[0]) else dims)
+        if axes == tuple(range(self.ndim)):
+            return self
+        return Tensor._wrap(self._device.provider.permute(self._data, axes), self._device)
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        """Dims ``dim0`` and ``dim1`` swapped (negative dims count from the end), as
+        ``torch.transpose``. A view."""
+        a, b = _dim("transpose", "dim0", dim0, self.ndim), _dim("transpose", "dim1", dim1, self.ndim)
+        axes = list(range(self.ndim))
+        axes[a], axes[b] = b, a
+        return self.permute(tuple(axes))
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 (NumPy's name)
+        """Every dim reversed, as NumPy's ``.T`` (a 2-D Tensor transposed; 0-d and 1-d unchanged)."""
+        return self.permute(tuple(range(self.ndim))[::-1])
+
+    @property
+    def mT(self) -> Tensor:  # noqa: N802 (NumPy's and torch's name)
+        """The last two dims swapped (a batch of matrices, each transposed), as NumPy's ``.mT``."""
+        if self.ndim < 2:
+            raise ShapeError(f"mT: the tensor must be at least 2-D; got shape {self.shape}. Use .T or reshape")
+        return self.transpose(-2, -1)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        """Basic indexing, as NumPy's: ints (negative from the end), slices with a step >= 1,
+        ``...`` and ``None`` (a new size-1 dim). A view. Advanced (integer array) and boolean
+        indexing, and negative steps, raise :class:`~opruntime.errors.IndexingError`."""
+        entries, view_shape, out_shape = _basic_index(self.shape, index)
+        data = self._data
+        if view_shape != self.shape or any(e.__class__ is not slice for e in entries):
+            data = self._device.provider.getitem(data, entries)
+        elif out_shape == self.shape:
+            return self  # everything selected
+        if out_shape != view_shape:  # None entries: size-1 dims, always a view
+            data = self._device.provider.reshape(data, out_shape)
+        return Tensor._wrap(data, self._device)
+
+    # -- arithmetic: the operators add, sub, mul, div, matmul and neg -------------------------
+    def __add__(self, other: Any) -> Tensor:
+        return _binary("add", self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return _binary("add", other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return _binary("sub", self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return _binary("sub", other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return _binary("mul", self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return _binary("mul", other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return _binary("div", self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return _binary("div", other, self)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return _operator("matmul")(self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return _operator("matmul")(other, self)
+
+    def __neg__(self) -> Tensor:
+        return _operator("neg")(self)
+
+    def __pos__(self) -> Tensor:
+        return self
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """NumPy's ``+ - * / @`` and unary ``-`` with a Tensor operand (``x @ t`` for a host ``x``)
+        run the operators on the Tensor's device; any other ufunc gets the host values and returns
+        a NumPy array, as before."""
+        name = _UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs else None
+        if name is not None:
+            return _binary(name, *inputs) if len(inputs) == 2 and name != "matmul" else _operator(name)(*inputs)
+        host = [np.asarray(x) if isinstance(x, Tensor) else x for x in inputs]
+        if any(isinstance(o, Tensor) for o in kwargs.get("out", ())):
+            raise InputTypeError(f"np.{ufunc.__name__}: a Tensor cannot be written into (Tensors never change); "
+                                 f"leave out= out or give a NumPy array")
+        return getattr(ufunc, method)(*host, **kwargs)
+
     # -- moving data ----------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """The values as a host NumPy array: a copy, or on the ``cpu`` device a read-only view."""
@@ -116,6 +245,177 @@ class Tensor:
             body = np.array2string(self.numpy(), separator=", ", prefix="       ", threshold=20, edgeitems=3)
             return f"{head},\n       {body})"
         return head + ")"
+
+
+# -- the operators behind the arithmetic ------------------------------------------------------------
+#: NumPy ufunc name -> operator (``x @ t``, ``x - t`` with a host ``x``)
+_UFUNCS = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "true_divide": "div",
+           "matmul": "matmul", "negative": "neg"}
+
+
+def _operator(name: str) -> Any:
+    """The operator ``name``, looked up when called (``opruntime.ops`` sits above this module)."""
+    op = config.OPERATORS.get(name)
+    if op is None:
+        raise NotImplementedError(f"Tensor: the operator {name!r} behind this arithmetic is not loaded "
+                                  f"(import opruntime first); operators: {', '.join(sorted(config.OPERATORS))}")
+    return op
+
+
+def _binary(name: str, a: Any, b: Any) -> Tensor:
+    """``a <op> b`` with at least one Tensor: a Python number becomes a 0-d operand of the other
+    operand's dtype (a number does not widen a float16 Tensor, as in torch)."""
+    if _is_number(a) and isinstance(b, Tensor):
+        a = np.asarray(a, dtype=b.dtype)
+    elif _is_number(b) and isinstance(a, Tensor):
+        b = np.asarray(b, dtype=a.dtype)
+    return _operator(name)(a, b)
+
+
+def _is_number(x: Any) -> bool:
+    """A Python number (bool, int, float), not a NumPy scalar (NumPy scalars carry their dtype)."""
+    return isinstance(x, (int, float)) and not isinstance(x, np.generic)
+
+
+# -- validating views ---------------------------------------------------------------------------------
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _dim(op: str, name: str, value: Any, ndim: int) -> int:
+    """A dim in ``[-ndim, ndim)`` as a non-negative int."""
+    if not _is_int(value) or not -ndim <= value < ndim:
+        raise AttributeValueError(f"{op}: {name} must be an int in [{-ndim}, {ndim}) for a {ndim}-D tensor; "
+                                  f"got {value!r}" + (" (a 0-d tensor has no dims)" if ndim == 0 else ""))
+    return int(value) % ndim
+
+
+def _permutation(op: str, ndim: int, dims: Any) -> tuple[int, ...]:
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise AttributeValueError(f"{op}: dims must be ints or one tuple of ints; got {dims!r}") from None
+    if len(dims) != ndim:
+        raise AttributeValueError(f"{op}: dims must name each of the tensor's {ndim} dims once; got {dims!r} "
+                                  f"({len(dims)} dims). E.g. permute({', '.join(map(str, range(ndim)[::-1]))})")
+    axes = tuple(_dim(op, f"dims[{i}]", d, ndim) for i, d in enumerate(dims))
+    if len(set(axes)) != ndim:
+        raise AttributeValueError(f"{op}: dims {dims!r} repeat a dim; each of the {ndim} dims must appear once")
+    return axes
+
+
+def _reshape_target(op: str, shape: tuple[int, ...], new: Any) -> tuple[int, ...]:
+    """``new`` (ints, one may be -1) checked against ``shape``'s size, with -1 resolved."""
+    try:
+        new = tuple(new)
+    except TypeError:
+        raise AttributeValueError(f"{op}: the shape must be ints or one tuple of ints; got {new!r}") from None
+    if not all(_is_int(n) and n >= -1 for n in new):
+        raise AttributeValueError(f"{op}: the shape must hold ints >= 0 (and at most one -1); got {new!r}")
+    new = tuple(int(n) for n in new)
+    size, known = math.prod(shape), math.prod(n for n in new if n != -1)
+    if new.count(-1) > 1:
+        raise AttributeValueError(f"{op}: at most one dim may be -1 (inferred); got {new}")
+    if -1 in new:
+        if known == 0 or size % known:
+            why = "the other dims hold 0 elements, so -1 is ambiguous" if known == 0 else \
+                f"{size} is not a multiple of {known}"
+            raise ShapeError(f"{op}: cannot reshape a tensor of shape {shape} (size {size}) into {new}: {why}")
+        new = tuple(size // known if n == -1 else n for n in new)
+    elif known != size:
+        raise ShapeError(f"{op}: cannot reshape a tensor of shape {shape} (size {size}) into shape {new} "
+                         f"(size {known}); the sizes must match (one dim may be -1 to infer it)")
+    return new
+
+
+def _basic_index(shape: tuple[int, ...], index: Any) -> tuple[tuple[int | slice, ...], tuple[int, ...],
+                                                                 tuple[int, ...]]:
+    """NumPy's basic indexing, normalised: one entry per dim (an int in range, or a slice with
+    ``0 <= start <= stop <= n`` and a step >= 1), the shape those give, and the shape with the
+    size-1 dims of ``None`` entries."""
+    items = index if isinstance(index, tuple) else (index,)
+    ndim = len(shape)
+    for e in items:
+        if e is None or e is Ellipsis or _is_int(e):
+            continue
+        if isinstance(e, slice):
+            for part in ("start", "stop", "step"):
+                v = getattr(e, part)
+                if v is not None and not _is_int(v):
+                    raise IndexingError(f"Tensor[...]: slice {part}s must be ints or None; got {v!r}")
+            if e.step is not None and e.step <= 0:
+                raise IndexingError(f"Tensor[...]: slices with a step <= 0 are not supported (got step {e.step}); "
+                                    f"reverse on the host: opr.tensor(t.numpy()[::-1])")
+            continue
+        kind = "boolean" if isinstance(e, (bool, np.bool_)) or getattr(getattr(e, "dtype", None), "kind", "") == "b" \
+            else "advanced (integer array)"
+        raise IndexingError(f"Tensor[...]: {kind} indexing is not supported (got {type(e).__name__} {e!r:.60}); "
+                            f"Tensors take ints, slices with a step >= 1, ... and None. Select on the host "
+                            f"(opr.tensor(t.numpy()[idx], device=t.device)), or join slices with opr.concat")
+    if sum(e is Ellipsis for e in items) > 1:
+        raise IndexingError("Tensor[...]: an index can only have a single ellipsis ('...')")
+    used = sum(e is not None and e is not Ellipsis for e in items)
+    if used > ndim:
+        raise IndexingError(f"Tensor[...]: too many indices for a {ndim}-D tensor of shape {shape}: {used} were given")
+    if Ellipsis in items:  # `in` compares with ==: only Ellipsis equals Ellipsis among the kinds allowed
+        at = next(i for i, e in enumerate(items) if e is Ellipsis)
+        items = items[:at] + (slice(None),) * (ndim - used) + items[at + 1:]
+    else:
+        items = items + (slice(None),) * (ndim - used)
+    entries: list[int | slice] = []
+    view: list[int] = []
+    out: list[int] = []
+    for e in items:
+        if e is None:
+            out.append(1)
+            continue
+        n = shape[len(entries)]
+        if isinstance(e, slice):
+            start, stop, step = e.indices(n)
+            stop = max(start, stop)
+            entries.append(slice(start, stop, step))
+            view.append(-(-(stop - start) // step))
+            out.append(view[-1])
+        else:
+            if not -n <= e < n:
+                raise IndexingError(f"Tensor[...]: index {e} is out of range for dim {len(entries)} of size {n} "
+                                    f"(shape {shape})")
+            entries.append(int(e) % n)
+    return tuple(entries), tuple(view), tuple(out)
+
+
+# -- the view functions ---------------------------------------------------------------------------------
+def _operand(op: str, x: Any, device: Device | str | None) -> Tensor:
+    """``x`` as a Tensor, as the operators take operands: a Tensor as it is (``device=`` must be its
+    device), host data and native arrays copied onto their device or the configured one."""
+    if isinstance(x, Tensor):
+        if device is not None and Device(device) != x.device:
+            raise DeviceMismatchError(f"{op}: device={str(device)!r} was asked but the tensor lives on "
+                                      f"{x.device.name!r}; move it first with .to({str(device)!r}) (opruntime "
+                                      f"never copies between devices silently)")
+        return x
+    return _make(op, x, device)
+
+
+def reshape(x: Any, shape: Sequence[int], *, device: Any = None) -> Tensor:
+    """``x`` with ``shape`` (one dim may be -1), as ``np.reshape``: a view when the strides allow
+    one, else a copy. ``x``: a Tensor, a native device array or host data (copied to the device).
+
+    Example:
+        >>> opr.reshape(t, (2, -1))
+    """
+    return _operand("reshape", x, device).reshape(shape)
+
+
+def transpose(x: Any, dim0: int, dim1: int, *, device: Any = None) -> Tensor:
+    """``x`` with dims ``dim0`` and ``dim1`` swapped, as ``torch.transpose``. A view."""
+    return _operand("transpose", x, device).transpose(dim0, dim1)
+
+
+def permute(x: Any, dims: Sequence[int], *, device: Any = None) -> Tensor:
+    """``x`` with its dims reordered (result dim ``i`` is dim ``dims[i]``), as ``torch.permute``.
+    A view."""
+    return _operand("permute", x, device).permute(dims)
 
 
 _SIGNATURES: dict[tuple, int] = {}
@@ -190,6 +490,11 @@ def tensor(data: Any, device: Device | str | None = None, dtype: Any = None) -> 
     Example:
         >>> t = opr.tensor([[1.0, 2.0]], device="cpu")
     """
+    return _make("tensor", data, device, dtype)
+
+
+def _make(op: str, data: Any, device: Device | str | None = None, dtype: Any = None) -> Tensor:
+    """:func:`tensor`, with errors naming ``op``."""
     dev = Device(device) if device is not None else None
     if isinstance(data, Tensor):
         t = data if dev is None else data.to(dev)
@@ -198,8 +503,8 @@ def tensor(data: Any, device: Device | str | None = None, dtype: Any = None) -> 
         if owner is not None and (dev is None or dev == owner):
             t = Tensor._wrap(owner.provider.copy(data), owner)
         else:
-            dev = dev or resolve_device(settings(), "tensor")
-            host = host_array("tensor", data)
+            dev = dev or resolve_device(settings(), op)
+            host = host_array(op, data)
             prov = dev.provider
             placed = prov.from_host(host)
             if placed is host or prov.placement_free and np.shares_memory(placed, host):
@@ -208,7 +513,7 @@ def tensor(data: Any, device: Device | str | None = None, dtype: Any = None) -> 
     if dtype is not None:
         dt = np.dtype(dtype)
         if dt.kind not in "fiub" and dt.name != "bfloat16":
-            raise DtypeError(f"tensor: unsupported dtype {dt}")
+            raise DtypeError(f"{op}: unsupported dtype {dt}")
         if t.dtype != dt:
             t = Tensor._wrap(t.device.provider.astype(t.data, dt), t.device)
     return t

@@ -139,6 +139,26 @@ class CudaDevice(DeviceProvider):
     def owns(self, data: Any) -> bool:
         return isinstance(data, self.array_types) and data.device.id == self.index
 
+    # -- views: CuPy's own (views share the buffer; a reshape the strides forbid copies) ---------
+    def reshape(self, data: Any, shape: tuple[int, ...]) -> Any:
+        with self._device, oom_guard(f"reshape on {self.name}", data.nbytes):
+            words = _words(data)  # bfloat16 copied as 16-bit words: CuPy's copy kernels need no bf16 type
+            return data.reshape(shape) if words is None else words.reshape(shape).view(data.dtype)
+
+    def permute(self, data: Any, axes: tuple[int, ...]) -> Any:
+        return data.transpose(axes)
+
+    def getitem(self, data: Any, index: tuple[int | slice, ...]) -> Any:
+        return data[index]
+
+    def concat(self, datas: Any, axis: int) -> Any:
+        nbytes = sum(d.nbytes for d in datas)
+        with self._device, oom_guard(f"concat on {self.name}", nbytes):
+            words = [_words(d) for d in datas]
+            if words[0] is None:
+                return self._cupy.concatenate(list(datas), axis=axis)
+            return self._cupy.concatenate(words, axis=axis).view(datas[0].dtype)
+
     def free_memory(self) -> int | None:
         """What the driver has free on this device plus the free blocks of CuPy's pool there
         (CuPy frees those and retries when the driver alone cannot serve an allocation), capped
@@ -248,6 +268,11 @@ class CudaDevice(DeviceProvider):
     def figures(self) -> tuple[float, float, float]:
         """(fp32 FLOP/s, fp16 tensor FLOP/s, memory bytes/s) for the cost models."""
         return figures_for(self.description, self.sm_count)
+
+
+def _words(data: Any) -> Any:
+    """A bfloat16 (ml_dtypes) array seen as uint16 words, or None for the dtypes CuPy computes."""
+    return data.view(np.uint16) if np.dtype(data.dtype).name == "bfloat16" else None
 
 
 def _extent(x: Any) -> tuple[int, int]:

@@ -133,6 +133,32 @@ class JaxDevice(DeviceProvider):
             return False
         return len(devs) == 1 and self.jdev in devs
 
+    # -- views: new arrays (XLA buffers are immutable and have no strides) -------------------------
+    def reshape(self, data: Any, shape: tuple[int, ...]) -> Any:
+        return self._jnp("reshape", data, lambda: data.reshape(shape))
+
+    def permute(self, data: Any, axes: tuple[int, ...]) -> Any:
+        return self._jnp("permute", data, lambda: data.transpose(axes))
+
+    def getitem(self, data: Any, index: tuple[int | slice, ...]) -> Any:
+        return self._jnp("getitem", data, lambda: data[index])
+
+    def concat(self, datas: Any, axis: int) -> Any:
+        import jax.numpy as jnp
+
+        return self._jnp("concat", datas[0], lambda: jnp.concatenate(list(datas), axis=axis))
+
+    def _jnp(self, what: str, data: Any, fn: Callable[[], Any]) -> Any:
+        """``fn()`` with float64 kept (``x64_scope``) and out-of-memory raised typed."""
+        try:
+            if np.dtype(data.dtype) == np.float64:
+                with x64_scope():
+                    return fn()
+            return fn()
+        except Exception as exc:
+            raise_if_oom(exc, f"{self.name}: out of memory in {what} of a {tuple(data.shape)} {data.dtype} array")
+            raise
+
     def shares_memory(self, a: Any, b: Any) -> bool:
         """Identity only: JAX arrays are immutable, so distinct arrays never alias observably."""
         return a is b

@@ -42,6 +42,13 @@ class CpuDevice(DeviceProvider):
             raise OutOfMemoryError(f"cpu: cannot allocate a {np.dtype(dtype).name} array of shape {tuple(shape)}: "
                                    f"{exc}") from exc
 
+    def concat(self, datas: Any, axis: int) -> np.ndarray:
+        try:
+            return np.concatenate(datas, axis=axis)
+        except MemoryError as exc:
+            raise OutOfMemoryError(f"cpu: cannot allocate the result of concat ({datas[0].dtype} parts of shapes "
+                                   f"{', '.join(str(d.shape) for d in datas)}): {exc}") from exc
+
     def from_dlpack(self, obj: Any) -> np.ndarray:
         return np.from_dlpack(obj)
 

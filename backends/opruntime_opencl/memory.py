@@ -64,6 +64,7 @@ class OpenCLDevice(DeviceProvider):
         # the strided copy, one per element size (at most 4): device machinery, not a cache of
         # problems; made on first use, as the queue is
         self._copies: dict[int, cl_compile.Launch] = {}
+        self._copies_into: dict[int, cl_compile.Launch] = {}
         self._launch_lock = threading.Lock()
 
     # -- context ----------------------------------------------------------------------------
@@ -233,6 +234,80 @@ class OpenCLDevice(DeviceProvider):
                                                n, *shape, *strides)
         return out
 
+    # -- views: pyopencl arrays over the same buffer (offset and strides), copies only where needed --
+    def reshape(self, data: Any, shape: tuple[int, ...]) -> Any:
+        """A view when ``data``'s strides allow one (NumPy's rule), else a gathered copy reshaped."""
+        shape = tuple(shape)
+        strides = view_strides(data.shape, data.strides, data.dtype.itemsize, shape)
+        if strides is None:
+            data = self.contiguous(data)
+            strides = _c_strides(shape, data.dtype.itemsize)
+        return self._view(data, shape, strides, data.offset)
+
+    def permute(self, data: Any, axes: tuple[int, ...]) -> Any:
+        return self._view(data, tuple(data.shape[a] for a in axes), tuple(data.strides[a] for a in axes), data.offset)
+
+    def getitem(self, data: Any, index: tuple[int | slice, ...]) -> Any:
+        offset, shape, strides = data.offset, [], []
+        for entry, stride in zip(index, data.strides):
+            if isinstance(entry, slice):
+                shape.append(len(range(entry.start, entry.stop, entry.step)))
+                strides.append(stride * entry.step)
+                offset += stride * entry.start if shape[-1] else 0
+            else:
+                offset += stride * entry
+        return self._view(data, tuple(shape), tuple(strides), offset)
+
+    def concat(self, datas: Any, axis: int) -> Any:
+        """A new C-contiguous array; each part (any strides and offset) copied into its slab."""
+        shape = list(datas[0].shape)
+        shape[axis] = sum(d.shape[axis] for d in datas)
+        out = self.empty(tuple(shape), datas[0].dtype)
+        at = 0
+        for d in datas:
+            if d.size:
+                self.copy_into(self._view(out, tuple(d.shape), out.strides, at * out.strides[axis]), d)
+            at += d.shape[axis]
+        return out
+
+    def _view(self, data: Any, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Any:
+        """A pyopencl array over ``data``'s buffer (a new empty array when the view holds nothing:
+        a size-0 array may have no buffer)."""
+        import pyopencl.array as cla
+
+        if not math.prod(shape):
+            return self.empty(shape, data.dtype)
+        return cla.Array(self.queue, shape, data.dtype, allocator=data.allocator, data=data.base_data,
+                         offset=offset, strides=strides)
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        """Copy ``src`` into ``dst`` (views of one shape and dtype, any strides and offsets) on the
+        device."""
+        size = dst.dtype.itemsize
+        shape, dstr, sstr = _collapse_pair(dst.shape, [s // size for s in dst.strides], [s // size for s in src.strides])
+        if len(shape) > MAX_COPY_RANK:  # pragma: no cover - 7-D views that do not collapse
+            src = self.contiguous(src)
+            shape, dstr, sstr = _collapse_pair(dst.shape, [s // size for s in dst.strides],
+                                               [s // size for s in src.strides])
+        if len(shape) > MAX_COPY_RANK:  # pragma: no cover
+            raise NotImplementedError(f"{self.name}: a copy into a {dst.ndim}-D view whose dims do not collapse to "
+                                      f"{MAX_COPY_RANK}")
+        pad = MAX_COPY_RANK - len(shape)
+        n = math.prod(shape)
+        self._copy_into(size).sized((n,), dst.base_data, dst.offset // size, src.base_data, src.offset // size, n,
+                                    *([1] * pad + shape), *([0] * pad + dstr), *([0] * pad + sstr))
+
+    def _copy_into(self, itemsize: int) -> cl_compile.Launch:
+        """The strided-to-strided copy for elements of ``itemsize`` bytes (built on first use)."""
+        launch = self._copies_into.get(itemsize)
+        if launch is None:
+            word = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[itemsize]
+            knl = cl_compile.kernel(self, cl_compile.source("memory.cl"), {"W": word}, "strided_copy_into",
+                                    label="opencl.copy_into")
+            signature = (BUFFER, np.int64, BUFFER) + (np.int64,) * (2 + 3 * MAX_COPY_RANK)
+            launch = self._copies_into[itemsize] = cl_compile.Launch(self, knl, (min(256, self.max_wg),), signature)
+        return launch
+
     def _copy(self, itemsize: int) -> cl_compile.Launch:
         """The strided copy for elements of ``itemsize`` bytes (built on first use)."""
         launch = self._copies.get(itemsize)
@@ -329,6 +404,40 @@ def _collapse(shape: tuple[int, ...], strides: list[int]) -> tuple[list[int], li
         else:
             out.insert(0, [n, s])
     return [n for n, _ in out], [s for _, s in out]
+
+
+def _collapse_pair(shape: tuple[int, ...], a: list[int], b: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """:func:`_collapse` for two views of one shape: drop size-1 dims, merge a dim into its inner
+    neighbour where both views allow it."""
+    dims = [(n, x, y) for n, x, y in zip(shape, a, b) if n != 1] or [(1, 1, 1)]
+    out = [list(dims[-1])]
+    for n, x, y in reversed(dims[:-1]):
+        inner_n, inner_x, inner_y = out[0]
+        if x == inner_n * inner_x and y == inner_n * inner_y:
+            out[0] = [n * inner_n, inner_x, inner_y]
+        else:
+            out.insert(0, [n, x, y])
+    return [d[0] for d in out], [d[1] for d in out], [d[2] for d in out]
+
+
+def view_strides(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
+                 new_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The byte strides of ``new_shape`` as a view of an array of ``shape`` and ``strides``, by
+    NumPy's own rule (``np.reshape(copy=False)`` on a stand-in that reads no memory), or None
+    when the reshape needs a copy."""
+    stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, np.dtype((np.void, itemsize))), shape, strides)
+    try:
+        return np.reshape(stand_in, new_shape, copy=False).strides
+    except ValueError:
+        return None
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
 
 
 def _type_name(t: int, cl: Any) -> str:
