@@ -1,6 +1,7 @@
 """conv2d on JAX devices: XLA's ``lax.conv_general_dilated`` (cuDNN on GPUs), every attribute
 passed through: stride, four-sided padding, dilation (as ``rhs_dilation``), groups (as
-``feature_group_count``) and bias, at ``Precision.HIGHEST`` for float32.
+``feature_group_count``), bias and the activation (fused by XLA into the convolution's output),
+at ``Precision.HIGHEST`` for float32.
 
 XLA aborts the whole process (an absl ``BadStatusOrAccess``, no Python exception) on a shape
 whose element count overflows int64: padding ``2**31`` on every side of a 3x3 input gives a
@@ -16,6 +17,7 @@ from typing import Any
 from opruntime.kernels import Kernel, Problem
 
 from .compile import JitKernel, device_cost, io_bytes, matmul_precision
+from .epilogue import activate
 from .matmul import FLOATS
 
 DIMENSION_NUMBERS = ("NCHW", "OIHW", "NCHW")
@@ -26,7 +28,7 @@ def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
 
     at = problem.attrs
     pt, pb, pl, pr = at["padding"]
-    precision = matmul_precision(problem.dtype)
+    precision, act = matmul_precision(problem.dtype), at.get("activation")
 
     # XLA's float64 convolution on the CPU skips the padded taps (an inf weight there gives a finite
     # value where the float64 reference has 0 * inf = NaN): float64 pads explicitly, then convolves
@@ -40,7 +42,7 @@ def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
         out = lax.conv_general_dilated(
             x, w, window_strides=at["stride"], padding=padding, rhs_dilation=at["dilation"],
             dimension_numbers=DIMENSION_NUMBERS, feature_group_count=at["groups"], precision=precision)
-        return out if bias is None else out + bias.reshape(1, -1, 1, 1)
+        return activate(act, out if bias is None else out + bias.reshape(1, -1, 1, 1))
 
     return conv
 

@@ -1,7 +1,8 @@
 """conv2d on the CPU: an im2col + GEMM path over a strided window view (any attributes; the
 columns are built per cache-sized chunk of the batch), a 1x1 path (one batched GEMM, no column
 buffer) and a depthwise path (one multiply-add per kernel tap over the whole batch). No Python
-loop runs over single images or channels."""
+loop runs over single images or channels. Each ends in the same epilogue: the bias and the
+activation, in place."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
+from .epilogue import activate
 from .matmul import CPU_BYTES, CPU_FLOPS
 from .memory import compute_dtype
 
@@ -37,8 +39,11 @@ def _prepare(problem: Problem, x: np.ndarray, w: np.ndarray, bias: np.ndarray | 
 
 
 def _finish(problem: Problem, out: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """The epilogue, in place in the compute dtype: the bias, then the activation."""
     if bias is not None:
         out += bias.reshape(1, -1, 1, 1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        activate(problem.attrs.get("activation"), out)
     return out.astype(problem.dtype, copy=False)
 
 

@@ -1,7 +1,8 @@
 // conv2d, NCHW x OIHW (cross-correlation, as torch), every attribute: stride, 4-sided padding,
 // dilation, groups, bias. x and w are contiguous (with element offsets xoff / woff); y is fresh.
 //
-// Build options: T, ACC, USE_FP64 / USE_FP16.
+// Build options: T, ACC, USE_FP64 / USE_FP16; ACT: the activation applied after the bias
+// (epilogue.cl's ACTIVATE, prepended by the launcher; none without it).
 //   conv_igemm:  implicit GEMM per group: (Og x Kc) weights times the (Kc x N*Ho*Wo) im2col
 //                matrix, which is never stored: each B-tile element is gathered from x through
 //                `tab` (per k = (c, i, j): the offset c*H*W + i*dh*W + j*dw and the tap's dy, dx).
@@ -10,6 +11,10 @@
 //
 // Both multiply padded taps' zeros in (as the reference does) rather than skip them, so a
 // non-finite weight gives NaN at the borders on every device.
+
+#ifndef ACTIVATE
+#define ACTIVATE(v) (v)
+#endif
 
 #define CONV_ARGS                                                                                   \
     __global const T *x, const long xoff, __global const T *w, const long woff, __global const T *bias, \
@@ -88,7 +93,7 @@ void conv_igemm(CONV_ARGS, __global const int4* tab, const int Kc) {
             int o = g * Og + m;
             ACC r = acc[i][j];
             if (has_bias) r += (ACC)bias[boff + o];
-            y[obase + (long)o * HoWo] = (T)r;
+            y[obase + (long)o * HoWo] = (T)ACTIVATE(r);
         }
     }
 }
@@ -117,6 +122,6 @@ __kernel void conv_direct(CONV_ARGS, const int kh, const int kw, const int dh, c
             }
         }
     }
-    y[id] = (T)acc;
+    y[id] = (T)ACTIVATE(acc);
 }
 #endif  // DIRECT

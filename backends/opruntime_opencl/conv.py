@@ -1,6 +1,7 @@
 """conv2d on OpenCL devices (``conv.cl``): an implicit-GEMM kernel (the im2col matrix is
 gathered tile by tile, never stored) and a direct one-output-per-work-item baseline. Both take
-every attribute: stride, 4-sided padding, dilation, groups and bias."""
+every attribute: stride, 4-sided padding, dilation, groups, bias and the activation (applied to
+each output in the accumulator, after the bias, before its one rounding)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from opruntime.kernels import Kernel, Problem, itemsize
 
 from . import compile as cl_compile
 from .compile import BUFFER
+from .epilogue import ACT
 from .matmul import TYPES
 from .memory import OpenCLDevice, kernel_dtypes
 
+#: The program: conv.cl after epilogue.cl (the activation epilogue, ACT).
+SOURCE = ("conv.cl", "epilogue.cl")
 #: Implicit-GEMM tiles: TM output channels x TN output pixels x TK reduction, WPTM x WPTN
 #: outputs per work-item. Narrow-TM tiles serve depthwise / few-channel groups.
 IGEMM_CONFIGS: tuple[dict[str, int], ...] = (
@@ -30,7 +34,7 @@ DIRECT_CONFIGS: tuple[dict[str, int], ...] = (dict(WG=128),)
 
 
 def kernels() -> list[Kernel]:
-    src, dtypes = cl_compile.source("conv.cl"), kernel_dtypes()
+    src, dtypes = cl_compile.source(*SOURCE), kernel_dtypes()
     return [
         #       op        name                        kind      dtypes
         Kernel("conv2d", "opencl.conv2d.igemm", "opencl", dtypes, prepare=prepare_igemm, supports=supports_igemm,
@@ -77,7 +81,8 @@ def _launcher(problem: Problem, run: cl_compile.Launch, tail: tuple[Any, ...]) -
 
 def _defines(problem: Problem, extra: Mapping[str, int]) -> dict[str, Any]:
     t, acc, ext = TYPES[problem.dtype]
-    return {"T": t, "ACC": acc, **ext, **extra}
+    act = problem.attrs.get("activation")
+    return {"T": t, "ACC": acc, **ext, **extra, **({"ACT": ACT[act]} if act is not None else {})}
 
 
 def prepare_igemm(problem: Problem, config: Mapping[str, int]) -> Callable[..., Any]:
@@ -86,7 +91,7 @@ def prepare_igemm(problem: Problem, config: Mapping[str, int]) -> Callable[..., 
     o, cg, kh, kw = problem.shapes[1]
     g = problem.attrs["groups"]
     n, _, ho, wo = problem.out_shape
-    knl = cl_compile.kernel(dev, cl_compile.source("conv.cl"), _defines(problem, config), "conv_igemm",
+    knl = cl_compile.kernel(dev, cl_compile.source(*SOURCE), _defines(problem, config), "conv_igemm",
                             label="opencl.conv2d.igemm")
     rtm, rtn = config["TM"] // config["WPTM"], config["TN"] // config["WPTN"]
     gsize = (-(-n * ho * wo // config["TN"]) * rtn, -(-(o // g) // config["TM"]) * rtm, g)
@@ -110,7 +115,7 @@ def prepare_direct(problem: Problem, config: Mapping[str, int]) -> Callable[...,
     dev = problem.device.provider
     kh, kw = problem.shapes[1][2:]
     dh, dw = problem.attrs["dilation"]
-    knl = cl_compile.kernel(dev, cl_compile.source("conv.cl"), _defines(problem, {"DIRECT": 1}), "conv_direct",
+    knl = cl_compile.kernel(dev, cl_compile.source(*SOURCE), _defines(problem, {"DIRECT": 1}), "conv_direct",
                             label="opencl.conv2d.direct")
     run = cl_compile.Launch(dev, knl, (config["WG"],), (*SIGNATURE, *(np.int32,) * 4),
                             (math.prod(problem.out_shape),))

@@ -6,9 +6,12 @@
   ``"valid"`` (0) or ``"same"`` (output size = input size; stride must be 1; an odd total pad
   puts the extra row / column at the bottom / right, as torch does).
 * ``groups`` >= 1 divides both C and O.
+* ``activation``: None or one of ``"relu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"``
+  (:data:`~opruntime.ops.base.EPILOGUES`), applied after the bias as the kernel's epilogue.
 
 Kernels see ``x`` 4-D, ``w``, and ``bias`` when present, and ``attrs``: ``stride`` (sh, sw),
-``padding`` (top, bottom, left, right), ``dilation`` (dh, dw), ``groups``, ``bias`` (bool).
+``padding`` (top, bottom, left, right), ``dilation`` (dh, dw), ``groups``, ``bias`` (bool),
+``activation`` (None or a name).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 from ..errors import AttributeValueError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
-from .base import Case, Normalized, Operator, pair
+from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr, pair
 
 
 def out_size(size: int, k: int, pad: int, stride: int, dilation: int) -> int:
@@ -45,12 +48,16 @@ RESNET = [(32, 64, 56, 64, 3, 1, 1), (32, 256, 56, 64, 1, 1, 0), (32, 128, 28, 1
 
 
 def _torch_conv(torch: Any, x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                groups: int = 1) -> Any:
-    return torch.nn.functional.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+                groups: int = 1, activation: str | None = None) -> Any:
+    f = torch.nn.functional
+    y = f.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    if activation is None:
+        return y
+    return f.gelu(y, approximate="tanh") if activation == "gelu_tanh" else getattr(f, activation)(y)
 
 
 def _jax_conv(jax: Any, x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-              groups: int = 1) -> Any:
+              groups: int = 1, activation: str | None = None) -> Any:
     norm = CONV2D.normalize([x.shape, w.shape] + ([bias.shape] if bias is not None else []),
                             dict(stride=stride, padding=padding, dilation=dilation, groups=groups))
     pt, pb, pl, pr = norm.attrs["padding"]
@@ -58,12 +65,17 @@ def _jax_conv(jax: Any, x: Any, w: Any, bias: Any = None, stride: Any = 1, paddi
         x.reshape(norm.shapes[0]), w, norm.attrs["stride"], [(pt, pb), (pl, pr)], rhs_dilation=norm.attrs["dilation"],
         feature_group_count=groups, dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=jax.lax.Precision.HIGHEST)
     out = out if bias is None else out + bias.reshape(1, -1, 1, 1)
+    if activation in ("gelu", "gelu_tanh"):
+        out = jax.nn.gelu(out, approximate=activation == "gelu_tanh")
+    elif activation is not None:
+        out = getattr(jax.nn, activation)(out)
     return out.reshape(norm.result_shape)
 
 
-def _onnx_conv(stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:
-    if isinstance(padding, str):
-        return None  # "same" / "valid": ONNX's auto_pad differs on odd totals
+def _onnx_conv(stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
+               activation: str | None = None) -> Any:
+    if isinstance(padding, str) or activation is not None:
+        return None  # "same" / "valid": ONNX's auto_pad differs on odd totals; an activation is a second node
     (sh, sw), (ph, pw), (dh, dw) = (pair("conv2d", n, v, 0) for n, v in
                                     (("stride", stride), ("padding", padding), ("dilation", dilation)))
     return "Conv", {"strides": [sh, sw], "pads": [ph, pw, ph, pw], "dilations": [dh, dw], "group": groups}
@@ -89,9 +101,15 @@ class Conv2d(Operator):
         _cv((1, 1, 1, 1), (1, 1, 1, 1)),
         _cv((1, 3, 13, 17), (7, 3, 5, 5), True, stride=3, padding=2),
         _cv((2, 3, 9, 9), (4, 3, 3, 3), views=("T", None), padding=1),
+        # the activation epilogue after the bias: direct / Winograd-able, depthwise, pointwise, grouped
+        _cv((2, 5, 9, 11), (6, 5, 3, 3), True, padding=1, activation="relu"),
+        _cv((1, 6, 7, 7), (6, 1, 3, 3), True, groups=6, padding=1, activation="gelu"),
+        _cv((2, 8, 5, 6), (4, 8, 1, 1), True, activation="gelu_tanh"),
+        _cv((2, 4, 8, 9), (6, 2, 3, 3), groups=2, stride=2, activation="silu"),
     ]
     quick = (2, 5, 12)
-    empty = [_cv((0, 3, 5, 5), (2, 3, 3, 3)), _cv((1, 0, 5, 5), (2, 0, 3, 3), True)]
+    empty = [_cv((0, 3, 5, 5), (2, 3, 3, 3)), _cv((1, 0, 5, 5), (2, 0, 3, 3), True),
+             _cv((1, 0, 5, 5), (2, 0, 3, 3), True, activation="gelu")]
     bench = {
         "cpu": [_layer(8, 64, 56, 64, 3, 1, 1),
                 _cv((8, 64, 56, 56), (64, 1, 3, 3), padding=1, groups=64),
@@ -108,6 +126,7 @@ class Conv2d(Operator):
         dilation = pair("conv2d", "dilation", attrs.pop("dilation", 1), 1)
         padding = attrs.pop("padding", 0)
         groups = attrs.pop("groups", 1)
+        activation = activation_attr("conv2d", attrs.pop("activation", None))
         if attrs:
             raise UnknownAttributeError(f"conv2d() got unexpected keyword argument(s) {', '.join(attrs)}; it takes {', '.join(self.attributes)}")
         if len(sx) not in (3, 4):
@@ -150,13 +169,14 @@ class Conv2d(Operator):
                              f"is smaller than the dilated kernel {dilation[0] * (kh - 1) + 1}x{dilation[1] * (kw - 1) + 1}")
         out = (n, o, ho, wo)
         result = out if len(sx) == 4 else out[1:]
-        attrs_n = Attrs(stride=stride, padding=pads, dilation=dilation, groups=groups, bias=sb is not None)
+        attrs_n = Attrs(stride=stride, padding=pads, dilation=dilation, groups=groups, bias=sb is not None,
+                        activation=activation)
         trivial = "empty" if math.prod(out) == 0 else ("zeros" if cg == 0 else None)
         shapes_n = (x4, tuple(sw)) + ((tuple(sb),) if sb is not None else ())
         return Normalized(shapes_n, attrs_n, out, result, trivial)
 
     def reference(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, stride: Any = 1,
-                  padding: Any = 0, dilation: Any = 1, groups: int = 1) -> np.ndarray:
+                  padding: Any = 0, dilation: Any = 1, groups: int = 1, activation: str | None = None) -> np.ndarray:
         shapes = [np.shape(x), np.shape(w)] + ([np.shape(bias)] if bias is not None else [])
         norm = self.normalize(shapes, dict(stride=stride, padding=padding, dilation=dilation, groups=groups))
         x = np.asarray(x, np.float64).reshape(norm.shapes[0])
@@ -176,6 +196,9 @@ class Conv2d(Operator):
                     out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w[g * og:(g + 1) * og, :, i, j])
         if bias is not None:
             out += np.asarray(bias, np.float64).reshape(1, -1, 1, 1)
+        if activation is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = ACTIVATIONS[activation](out)
         return out.reshape(norm.result_shape)
 
     def flops(self, problem: Problem) -> float:
@@ -184,10 +207,16 @@ class Conv2d(Operator):
 
     def trivial_result(self, problem: Problem, result_shape: tuple[int, ...], trivial: str, datas: Sequence[Any],
                        provider: Any) -> Any:
-        """Over zero input channels the result is the bias (a new array), else zeros."""
+        """Over zero input channels the result is the bias, activated (a new array), else zeros
+        (every activation of :data:`~opruntime.ops.base.EPILOGUES` keeps 0)."""
         if trivial == "empty" or not problem.attrs["bias"]:
             return super().trivial_result(problem, result_shape, trivial, datas, provider)
-        bias = provider.to_host(datas[2]).reshape(1, -1, 1, 1)
+        bias = provider.to_host(datas[2])
+        act = problem.attrs.get("activation")
+        if act is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                bias = ACTIVATIONS[act](bias.astype(np.float64)).astype(bias.dtype)
+        bias = bias.reshape(1, -1, 1, 1)
         return provider.from_host(np.array(np.broadcast_to(bias, problem.out_shape).reshape(result_shape)))
 
 
@@ -196,13 +225,15 @@ CONV2D = Conv2d()
 
 @CONV2D.function
 def conv2d(x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-           groups: int = 1, *, device: Any = None) -> Tensor:
+           groups: int = 1, activation: str | None = None, *, device: Any = None) -> Tensor:
     """2-D convolution (cross-correlation), NCHW x OIHW, as ``torch.nn.functional.conv2d``.
 
     Args:
         x: (N, C, H, W) or (C, H, W).  w: (O, C // groups, kH, kW).  bias: (O,) or None.
         stride: int or (sh, sw), >= 1.  padding: int, (ph, pw), "same" or "valid".
         dilation: int or (dh, dw), >= 1.  groups: divides C and O.
+        activation: None, "relu", "gelu", "gelu_tanh" or "silu": applied after the bias, fused
+            into the kernel's epilogue.
         device: run here.
 
     Returns:
