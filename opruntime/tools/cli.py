@@ -20,7 +20,7 @@ from opruntime.lru import CACHES
 from opruntime.ops import OPS
 from opruntime.plugins import registry
 
-from . import bench, plot
+from . import bench, models, plot
 from .peers import LIBRARIES
 from .progress import Progress
 
@@ -76,16 +76,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         plot.require_matplotlib()  # before the benchmark, not after it
     reg = registry()
-    cases = _cases(args)
     devices = [reg.device(d) for d in args.device] if args.device else [reg.devices[0]]
+    wanted = args.peers.split(",") if args.peers else None
     results = []
-    total = len(cases) * len(devices)
-    with Progress(total, "bench") as progress:
-        for i, (dev, case) in enumerate((d, c) for d in devices for c in cases):
-            progress.update(i, f"{case.op} {case.label} {case.dtype} on {dev.name}")
-            results.append(bench.run_case(case, dev, repeats=args.repeats, kernels=args.kernels,
-                                          peers=args.peers.split(",") if args.peers else None))
-        progress.update(total)
+    if not args.op and args.suite == models.SUITE:  # whole models, not operators' cases
+        total = models.count(devices, args.quick)
+        with Progress(total, "bench") as progress:
+            results = models.run_suite(devices, quick=args.quick, repeats=args.repeats, peers=wanted,
+                                       progress=progress.update)
+            progress.update(total)
+    else:
+        cases = _cases(args)
+        total = len(cases) * len(devices)
+        with Progress(total, "bench") as progress:
+            for i, (dev, case) in enumerate((d, c) for d in devices for c in cases):
+                progress.update(i, f"{case.op} {case.label} {case.dtype} on {dev.name}")
+                results.append(bench.run_case(case, dev, repeats=args.repeats, kernels=args.kernels, peers=wanted))
+            progress.update(total)
     if args.json != "-":  # with --json -, stdout is the JSON alone
         print(bench.format_table(results))
     roofs: dict[str, dict] = {}
@@ -211,9 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default="float32")
     b.add_argument("--attr", action="append", default=[], help="an attribute, e.g. padding=1 or stride=[2,1]")
     b.add_argument("--device", action="append", help="device (repeatable; default: the configured default)")
-    b.add_argument("--suite", default="demo", choices=suites)
+    b.add_argument("--suite", default="demo", choices=sorted([*suites, models.SUITE]),
+                   help=f"operators' bench shapes, or {models.SUITE!r}: whole models (opruntime.tools.models)")
     b.add_argument("--repeats", type=int, default=15)
     b.add_argument("--kernels", action="store_true", help="also time every candidate kernel directly")
+    b.add_argument("--quick", action="store_true", help=f"--suite {models.SUITE}: small models (a check that it runs)")
     b.add_argument("--peers", help="comma-separated peers to time (default: all installed)")
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-': print it instead of the table)")
     b.add_argument("--plot", metavar="PATH", help="also draw bars per operator and a roofline per device "
