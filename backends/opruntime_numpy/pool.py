@@ -1,0 +1,146 @@
+"""max_pool2d, avg_pool2d and adaptive_avg_pool2d on the CPU, vectorized over whole planes.
+
+* max / avg: the (N*C) planes in chunks that stay in cache, spread over the cores; per chunk the
+  padded planes (-inf for max, zeros for avg) are built once, then one ``maximum`` / ``add`` per
+  kernel tap runs over every output of the chunk (a strided view of the padded planes per tap:
+  kh*kw Python iterations per chunk, vectorized inside). avg divides by torch's divisor, an
+  (oh, ow) table made from the two dims' window extents.
+* adaptive avg: separable means (mean over each output row's input rows, then over each output
+  column's input columns: oh + ow vectorized steps); a reshape-mean when the windows tile the
+  input exactly, and one mean over H and W for the 1x1 (global) pool.
+
+float16 is accumulated in float32 (avg), max compares in the input's dtype (exact).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
+
+from .conv import _threads
+from .matmul import CPU_BYTES, CPU_FLOPS, F16
+
+#: padded-plane bytes per chunk the tuner tries (the heuristic uses the first)
+CONFIGS = ({"chunk_bytes": 1 << 20}, {"chunk_bytes": 4 << 20}, {"chunk_bytes": 256 << 10})
+
+
+def _geometry(problem: Problem) -> tuple[int, ...]:
+    """(kh, kw, sh, sw, ph, pw, dh, dw, bh, bw): the window, and the padding after the input
+    (``bh``, ``bw``) as far as the last window reaches (with ``ceil_mode`` that may pass the
+    right padding; without it, the padding a window can touch)."""
+    a = problem.attrs
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = a["kernel_size"], a["stride"], a["padding"], a["dilation"]
+    _, _, h, w = problem.shapes[0]
+    oh, ow = problem.out_shape[2:]
+    bh = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - h - ph)
+    bw = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - w - pw)
+    return kh, kw, sh, sw, ph, pw, dh, dw, bh, bw
+
+
+def _divisors(size: int, out: int, k: int, pad: int, stride: int, include: bool) -> np.ndarray:
+    start = np.arange(out) * stride - pad
+    end = np.minimum(start + k, size + pad)
+    return end - start if include else np.minimum(end, size) - np.maximum(start, 0)
+
+
+def _pool(problem: Problem, config: Any, x: np.ndarray, mode: str) -> np.ndarray:
+    n, c, h, w = x.shape
+    oh, ow = problem.out_shape[2:]
+    kh, kw, sh, sw, ph, pw, dh, dw, bh, bw = _geometry(problem)
+    planes = n * c
+    x3 = x.reshape(planes, h, w)  # a view for the usual layouts (a copy for exotic strides)
+    acc_t = x.dtype if mode == "max" or x.dtype != F16 else np.dtype(np.float32)
+    hp, wp = ph + h + bh, pw + w + bw
+    padded = hp != h or wp != w or acc_t != x.dtype
+    fill = -np.inf if mode == "max" else 0.0
+    out = np.empty((planes, oh, ow), x.dtype)
+    chunk = max(1, (config or CONFIGS[0])["chunk_bytes"] // (hp * wp * np.dtype(acc_t).itemsize))
+    if mode == "avg":
+        a = problem.attrs
+        div = np.outer(_divisors(h, oh, kh, ph, sh, a["count_include_pad"]),
+                       _divisors(w, ow, kw, pw, sw, a["count_include_pad"])).astype(acc_t)
+
+    def run(start: int) -> None:
+        m = min(chunk, planes - start)
+        if padded:
+            buf = np.full((m, hp, wp), fill, acc_t)
+            buf[:, ph:ph + h, pw:pw + w] = x3[start:start + m]
+        else:
+            buf = x3[start:start + m]
+        acc = out[start:start + m] if acc_t == x.dtype else np.empty((m, oh, ow), acc_t)
+        reduce = np.maximum if mode == "max" else np.add  # maximum keeps NaN
+        for t in range(kh * kw):
+            i, j = divmod(t, kw)
+            tap = buf[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+            if t == 0:
+                acc[...] = tap
+            else:
+                reduce(acc, tap, out=acc)
+        if mode == "avg":
+            np.divide(acc, div, out=acc)
+            if acc_t != x.dtype:
+                out[start:start + m] = acc
+
+    starts = range(0, planes, chunk)
+    if len(starts) > 1:
+        list(_threads().map(run, starts))
+    else:
+        run(0)
+    return out.reshape(problem.out_shape)
+
+
+def max_pool2d(problem: Problem, config: Any, x: np.ndarray) -> np.ndarray:
+    return _pool(problem, config, x, "max")
+
+
+def avg_pool2d(problem: Problem, config: Any, x: np.ndarray) -> np.ndarray:
+    return _pool(problem, config, x, "avg")
+
+
+def adaptive_avg_pool2d(problem: Problem, config: Any, x: np.ndarray) -> np.ndarray:
+    n, c, h, w = x.shape
+    oh, ow = problem.out_shape[2:]
+    acc_t = np.float32 if x.dtype == F16 else x.dtype
+    if oh == 1 and ow == 1:
+        out = x.mean(axis=(2, 3), dtype=acc_t, keepdims=True)
+    elif h % oh == 0 and w % ow == 0:
+        out = x.reshape(n, c, oh, h // oh, ow, w // ow).mean(axis=(3, 5), dtype=acc_t)
+    else:  # separable: the mean of a rectangle is the mean over its columns of its rows' means
+        i, j = np.arange(oh), np.arange(ow)
+        hs, he = (i * h) // oh, -((-(i + 1) * h) // oh)
+        ws, we = (j * w) // ow, -((-(j + 1) * w) // ow)
+        rows = np.empty((n, c, oh, w), acc_t)
+        for r in range(oh):
+            np.mean(x[:, :, hs[r]:he[r], :], axis=2, dtype=acc_t, out=rows[:, :, r, :])
+        out = np.empty((n, c, oh, ow), acc_t)
+        for q in range(ow):
+            np.mean(rows[:, :, :, ws[q]:we[q]], axis=3, dtype=acc_t, out=out[:, :, :, q])
+    return out.astype(x.dtype, copy=False)
+
+
+def pool_cost(problem: Problem, config: Any) -> float:
+    kh, kw = problem.attrs["kernel_size"]
+    n_in, n_out = math.prod(problem.shapes[0]), math.prod(problem.out_shape)
+    # the padded copy written and read, and one pass over the outputs per tap
+    nbytes = (3 * n_in + (kh * kw + 1) * n_out) * itemsize(problem.dtype)
+    return roofline(float(n_out * kh * kw), nbytes, CPU_FLOPS / 4, CPU_BYTES, 1e-5)
+
+
+def adaptive_cost(problem: Problem, config: Any) -> float:
+    n_in, n_out = math.prod(problem.shapes[0]), math.prod(problem.out_shape)
+    oh, ow = problem.out_shape[2:]
+    return roofline(float(n_in), (2 * n_in + n_out) * itemsize(problem.dtype), CPU_FLOPS / 4, CPU_BYTES,
+                    5e-6 * (oh + ow))
+
+
+def kernels() -> list[Kernel]:
+    return [
+        Kernel("max_pool2d", "numpy.max_pool2d.taps", "cpu", FLOATS, max_pool2d, cost=pool_cost, configs=CONFIGS),
+        Kernel("avg_pool2d", "numpy.avg_pool2d.taps", "cpu", FLOATS, avg_pool2d, cost=pool_cost, configs=CONFIGS),
+        Kernel("adaptive_avg_pool2d", "numpy.adaptive_avg_pool2d.separable", "cpu", FLOATS, adaptive_avg_pool2d,
+               cost=adaptive_cost),
+    ]
