@@ -45,6 +45,19 @@ def test_example_runs_and_checks_itself(script: str) -> None:
     _run([sys.executable, script])
 
 
+# the two models (their devices and sizes in tests/system/test_models.py): the scripts as a user runs them
+MODELS = [["examples/transformer_block.py", "--device", "cpu", "--repeats", "1"],
+          ["examples/resnet50.py", "--device", "cpu", "--size", "32", "--repeats", "1"]]
+
+
+@pytest.mark.parametrize("args", MODELS, ids=[a[0] for a in MODELS])
+def test_model_example_runs_and_checks_itself(args: list[str]) -> None:
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the model examples need torch: pip install 'opruntime[models]'")
+    out = _run([sys.executable, *args]).stdout
+    assert "relative error vs torch float32" in out and "FAILED" not in out
+
+
 def test_mlp_takes_its_device_from_configuration(device) -> None:  # noqa: ANN001 (conftest fixture)
     out = _run([sys.executable, "examples/mlp_inference.py", "--batch", "16", "--batches", "1"],
                env=_env(OPRUNTIME_DEVICE=device.name)).stdout
