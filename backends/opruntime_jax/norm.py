@@ -30,6 +30,7 @@ def build_rows(problem: Problem, config: Mapping[str, Any]) -> Any:
     import jax.numpy as jnp
 
     rms = problem.op == "rms_norm"
+    axes = tuple(range(len(problem.shapes[0]) - problem.attrs["dims"], len(problem.shapes[0])))
     eps = problem.attrs["eps"]
     eps = DEFAULT_EPS[problem.dtype] if eps is None else eps
     acc = _acc(jnp, problem.dtype)
@@ -38,8 +39,8 @@ def build_rows(problem: Problem, config: Mapping[str, Any]) -> Any:
         w, b = _split(problem, vecs)
         t = x.astype(acc)
         if not rms:
-            t = t - jnp.mean(t, axis=-1, keepdims=True)
-        y = t * jnp.reciprocal(jnp.sqrt(jnp.mean(t * t, axis=-1, keepdims=True) + eps))
+            t = t - jnp.mean(t, axis=axes, keepdims=True)
+        y = t * jnp.reciprocal(jnp.sqrt(jnp.mean(t * t, axis=axes, keepdims=True) + eps))
         if w is not None:
             y = y * w.astype(acc)
         if b is not None:
@@ -63,7 +64,8 @@ def build_batch(problem: Problem, config: Mapping[str, Any]) -> Any:
         shift = -mean.astype(acc) * scale
         if b is not None:
             shift = shift + b.astype(acc)
-        return (x.astype(acc) * scale[:, None] + shift[:, None]).astype(x.dtype)
+        per_channel = (-1,) + (1,) * (x.ndim - 2)
+        return (x.astype(acc) * scale.reshape(per_channel) + shift.reshape(per_channel)).astype(x.dtype)
 
     return batch
 

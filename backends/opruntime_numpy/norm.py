@@ -31,7 +31,7 @@ def _acc(dtype: np.dtype) -> np.dtype:
 
 def _vectors(problem: Problem, vecs: tuple[np.ndarray, ...], acc: np.dtype) -> tuple[Any, Any]:
     """(weight, bias) in the computation dtype, each None when absent."""
-    vecs = tuple(v.astype(acc, copy=False) for v in vecs)
+    vecs = tuple(v.reshape(-1).astype(acc, copy=False) for v in vecs)
     w = vecs[0] if problem.attrs["weight"] else None
     b = vecs[-1] if problem.attrs["bias"] else None
     return w, b
@@ -39,7 +39,10 @@ def _vectors(problem: Problem, vecs: tuple[np.ndarray, ...], acc: np.dtype) -> t
 
 @_quiet
 def _rows(problem: Problem, x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
-    rows, cols = x.shape
+    shape = x.shape
+    cols = math.prod(shape[len(shape) - problem.attrs["dims"]:])
+    rows = x.size // cols
+    x = x.reshape(rows, cols)  # a copy only where the view cannot be one
     rms = problem.op == "rms_norm"
     eps = problem.attrs["eps"]
     if eps is None:
@@ -71,7 +74,7 @@ def _rows(problem: Problem, x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
             t += b
         if work is not None:
             out[r0:r1] = t
-    return out
+    return out.reshape(shape)
 
 
 def layer_norm(problem: Problem, config: Any, x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
@@ -85,7 +88,10 @@ def rms_norm(problem: Problem, config: Any, x: np.ndarray, *vecs: np.ndarray) ->
 @_quiet
 def batch_norm(problem: Problem, config: Any, x: np.ndarray, mean: np.ndarray, var: np.ndarray,
                *vecs: np.ndarray) -> np.ndarray:
-    n, c, s = x.shape
+    shape = x.shape
+    n, c = shape[:2]
+    s = math.prod(shape[2:])
+    x = x.reshape(n, c, s)
     acc = _acc(x.dtype)
     w, b = _vectors(problem, vecs, np.dtype(np.float64))
     scale = 1.0 / np.sqrt(var.astype(np.float64) + problem.attrs["eps"])
@@ -103,7 +109,7 @@ def batch_norm(problem: Problem, config: Any, x: np.ndarray, mean: np.ndarray, v
         t = np.multiply(x[n0:n1], scale, dtype=acc)
         t += shift
         out[n0:n1] = t
-    return out
+    return out.reshape(shape)
 
 
 def cost(problem: Problem, config: Any) -> float:

@@ -65,9 +65,16 @@ def _operand(dev: Any, a: Any) -> tuple[Any, np.int64]:
 ROW_SIGNATURE = (BUFFER, np.int64, BUFFER, np.int64, BUFFER, np.int64, BUFFER, np.int32, np.int32, np.int32)
 
 
+def rows_cols(problem: Problem) -> tuple[int, int]:
+    """(rows, cols): the normalized trailing dims of x are a row."""
+    shape = problem.shapes[0]
+    cols = math.prod(shape[len(shape) - problem.attrs["dims"]:])
+    return math.prod(shape) // cols, cols
+
+
 def prepare_rows(problem: Problem, config: Mapping[str, int]) -> Callable[..., Any]:
     dev = problem.device.provider
-    rows, cols = problem.out_shape
+    rows, cols = rows_cols(problem)
     t, acc, ext = TYPES[problem.dtype]
     defines = {"T": t, "ACC": acc, **ext, "WG": config["WG"], "RMS": int(problem.op == "rms_norm")}
     knl = cl_compile.kernel(dev, cl_compile.source("norm.cl"), defines, "norm_rows", label=f"opencl.{problem.op}.rows")
@@ -98,7 +105,7 @@ def row_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
 
 def rows_cost(problem: Problem, config: Mapping[str, int]) -> float:
     dev = problem.device.provider
-    rows, cols = problem.out_shape
+    rows, cols = rows_cols(problem)
     n = rows * cols * itemsize(problem.dtype)
     wg = config["WG"]
     # idle work-items when the row is shorter than the work-group; barriers per reduction step
@@ -115,9 +122,15 @@ BATCH_SIGNATURE = (BUFFER, np.int64, BUFFER, np.int64, BUFFER, np.int64, BUFFER,
                    np.int32, np.int64, np.int32, np.int32)
 
 
+def _ncs(problem: Problem) -> tuple[int, int, int]:
+    """(N, C, S): S the product of the spatial dims (1 when there are none)."""
+    shape = problem.shapes[0]
+    return shape[0], shape[1], math.prod(shape[2:])
+
+
 def prepare_batch(problem: Problem, config: Mapping[str, int]) -> Callable[..., Any]:
     dev = problem.device.provider
-    n, c, s = problem.out_shape
+    n, c, s = _ncs(problem)
     t, acc, ext = TYPES[problem.dtype]
     wg = config["WG"]
     knl = cl_compile.kernel(dev, cl_compile.source("norm.cl"), {"T": t, "ACC": acc, **ext, "BATCH": 1},
@@ -147,7 +160,7 @@ def batch_configs(problem: Problem) -> Sequence[Mapping[str, int]]:
 
 def batch_cost(problem: Problem, config: Mapping[str, int]) -> float:
     dev = problem.device.provider
-    n, c, s = problem.out_shape
+    n, c, s = _ncs(problem)
     nbytes = 2.0 * n * c * s * itemsize(problem.dtype)
     idle = -(-s // config["WG"]) * config["WG"] / s  # the spatial dim rounded up to the work-group
     copy = 0.0 if problem.contiguous else nbytes / dev.bandwidth

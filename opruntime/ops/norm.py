@@ -12,13 +12,14 @@
 
 ``eps`` is a finite number > 0. ``weight=None`` with a ``bias`` is allowed (as torch).
 
-Kernels see ``x`` as (rows, cols) for layer_norm / rms_norm (rows: the product of the leading
-dims, cols: of ``normalized_shape``) and as (N, C, S) for batch_norm (S: the product of the
-spatial dims, 1 when there are none); ``weight`` and ``bias`` are 1-D (cols,) or (C,), present
-only when given, in the operand order. ``attrs``: ``eps`` (a float; ``None`` for rms_norm's
-default, which the kernel resolves with :data:`DEFAULT_EPS` of ``problem.dtype``), ``weight`` and
-``bias`` (bools: which optional operands follow). The float64 reference of rms_norm with
-``eps=None`` uses float64's epsilon: it sees float64 arrays.
+Kernels see every operand in the shape it was given (no reshape: a strided view stays a view,
+which some array types cannot reshape), the result in ``x``'s shape, and ``attrs``: ``eps`` (a
+float; ``None`` for rms_norm's default, which the kernel resolves with :data:`DEFAULT_EPS` of
+``problem.dtype``), ``weight`` and ``bias`` (bools: which optional operands follow ``x`` (and the
+running statistics), in the operand order), and for layer_norm / rms_norm ``dims``: how many
+trailing dims of ``x`` are normalized (rows: the product of the others, cols: of these). batch_norm's
+channels are ``x``'s dim 1 and its spatial size the product of the dims after it (1 for 2-D ``x``).
+The float64 reference of rms_norm with ``eps=None`` uses float64's epsilon: it sees float64 arrays.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ LN_CASES = [
     _ln((6, 40), 40, "wb", ("slice", "slice")), _ln((1, 768), (768,), "wb", eps=1e-6), _ln((70, 130), 130, "wb"),
 ]
 RMS_CASES = [
-    _ln((7,), 7), _ln((3, 5), 5, "w"), _ln((4, 1), 1, "w", eps=1e-3), _ln((2, 3, 5), (3, 5), "w", eps=1e-6),
+    _ln((7,), 7, scale=4.0), _ln((3, 5), 5, "w", eps=1e-5), _ln((4, 1), 1, "w", eps=1e-3), _ln((2, 3, 5), (3, 5), "w", eps=1e-6),
     _ln((33, 1025), 1025, "w", eps=1e-5, scale=3.0), _ln((3, 4099), 4099, "w", eps=1e-6),
     _ln((24, 40), 40, "w", ("T",), eps=1e-5), _ln((6, 40), 40, "w", ("slice", "slice"), eps=1e-5),
     _ln((1, 768), 768, "w", eps=1e-6), _ln((70, 130), 130, "w", scale=2.0),
@@ -227,11 +228,9 @@ class LayerNorm(_Optional):
                              f"e.g. normalized_shape={sx[-1:] if sx else '(n,)'} normalizes over the last dim")
         names = self._present(len(shapes), bias_only)
         _vector_shapes(op, names[1:], shapes[1:], ns, "normalized_shape")
-        cols = math.prod(ns)
-        rows = math.prod(sx[:len(sx) - k])
-        attrs_n = Attrs(eps=eps, weight="weight" in names, bias="bias" in names)
-        kshapes = ((rows, cols), *((cols,) for _ in shapes[1:]))
-        return Normalized(kshapes, attrs_n, (rows, cols), sx, "empty" if rows * cols == 0 else None)
+        attrs_n = Attrs(eps=eps, weight="weight" in names, bias="bias" in names, dims=k)
+        return Normalized(tuple(tuple(sh) for sh in shapes), attrs_n, sx, sx,
+                          "empty" if math.prod(sx) == 0 else None)
 
     def reference(self, x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
                   normalized_shape: Any = None, eps: float | None = None, **hidden: Any) -> np.ndarray:
@@ -307,13 +306,12 @@ class BatchNorm(_Optional):
         if len(sx) < 2:
             raise ShapeError(f"{op}: x must be at least 2-D (N, C, ...), got shape {sx}; "
                              f"add the batch dim, e.g. x[None]")
-        n, c = sx[0], sx[1]
-        s = math.prod(sx[2:])
+        c = sx[1]
         names = self._present(len(shapes), bias_only)
         _vector_shapes(op, names[1:], shapes[1:], (c,), f"C={c}, the channels of x {sx}")
         attrs_n = Attrs(eps=eps, weight="weight" in names, bias="bias" in names)
-        kshapes = ((n, c, s), *((c,) for _ in shapes[1:]))
-        return Normalized(kshapes, attrs_n, (n, c, s), sx, "empty" if n * c * s == 0 else None)
+        return Normalized(tuple(tuple(sh) for sh in shapes), attrs_n, sx, sx,
+                          "empty" if math.prod(sx) == 0 else None)
 
     def reference(self, x: np.ndarray, running_mean: np.ndarray, running_var: np.ndarray,
                   weight: np.ndarray | None = None, bias: np.ndarray | None = None, eps: float = 1e-5,
