@@ -235,11 +235,13 @@ def select_time(op: Operator, tensors: Sequence[Tensor], attrs: dict[str, Any], 
     from the Tensors, the plan-cache lookup) with the cached plan swapped for one that does
     nothing; NaN when the call's plan is not cached (an unhashable attribute)."""
     public = FUNCTIONS[op.name]
-    bound = inspect.signature(public).bind(*tensors, **attrs)
+    # operands by name: a signature may put attributes first (layer_norm(x, normalized_shape, weight))
+    bound = inspect.signature(public).bind(**dict(zip(op.operands, tensors)), **attrs)
     bound.apply_defaults()  # the public function keys every attribute, defaults included
     every = {n: bound.arguments[n] for n in op.attributes}
     device = tensors[0].device
-    public(*tensors, **attrs)  # the plan is cached under the key
+    args, kwargs = bound.args, bound.kwargs
+    public(*args, **kwargs)  # the plan is cached under the key
     try:
         key = op.key(settings(), device, [t.data for t in tensors], every)
         real = plans.get(key)
@@ -249,7 +251,7 @@ def select_time(op: Operator, tensors: Sequence[Tensor], attrs: dict[str, Any], 
         return math.nan
     plans[key] = _NoPlan(device)
     try:
-        return measure(lambda: public(*tensors, **attrs), _no_sync, repeats)
+        return measure(lambda: public(*args, **kwargs), _no_sync, repeats)
     finally:
         plans[key] = real
 

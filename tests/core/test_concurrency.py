@@ -227,7 +227,9 @@ def test_eight_threads_one_device_same_kernel(device, op):
             barrier.wait(timeout=60)
             for _ in range(25):
                 xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-                out = getattr(opr, op)(*[opr.tensor(x, device=device) for x in xs], **attrs)
+                # operands by name: layer_norm's normalized_shape comes before its weight (torch's order)
+                out = getattr(opr, op)(**dict(zip(OPS[op].operands, [opr.tensor(x, device=device) for x in xs])),
+                                       **attrs)
                 err = rel_err(out.numpy(), OPS[op].reference(*xs, **attrs))
                 if not err <= TOLERANCE["float32"]:
                     errors.append(f"thread {i}: relative error {err:.2e}")

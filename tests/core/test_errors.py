@@ -172,12 +172,13 @@ def test_finding_15_masked_arrays_are_refused_on_every_device(device, op):
         if args[i].size:
             args[i].mask.flat[0] = True
         with pytest.raises(InputTypeError, match=f"{op}: masked arrays are not supported.*x.filled"):
-            getattr(opr, op)(*args, device=device, **case.attrs)
+            getattr(opr, op)(**dict(zip(OPS[op].operands, args)), device=device, **case.attrs)  # by name: torch's order
         with pytest.raises(InputTypeError, match="tensor: masked arrays are not supported"):
             opr.tensor(args[i], device=device)
         if i:  # beside a Tensor (host data joins the Tensor's device): refused too
             with pytest.raises(InputTypeError, match="masked"):
-                getattr(opr, op)(opr.tensor(args[0], device=device), *args[1:], **case.attrs)
+                getattr(opr, op)(**dict(zip(OPS[op].operands, [opr.tensor(args[0], device=device), *args[1:]])),
+                                 **case.attrs)
 
 
 @pytest.mark.parametrize("data", [np.array(["a", "b"]), np.array([object(), 1.0], dtype=object),

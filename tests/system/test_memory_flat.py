@@ -59,7 +59,7 @@ def _run(op, tensors, attrs, n, device):
     fn = getattr(opr, op)
     out = None
     for _ in range(n):
-        out = fn(*tensors, **attrs)
+        out = fn(**dict(zip(OPS[op].operands, tensors)), **attrs)  # by name: layer_norm's weight follows normalized_shape
     device.provider.synchronize()
     return out
 
