@@ -113,6 +113,23 @@ def test_resnet_copy_has_torchvision_names(resnet_example) -> None:
         assert tuple(state[key].shape) == shape, key
 
 
+@pytest.mark.gpu  # torchvision's binary matches torch on the GPU machine only (here it fails to import)
+def test_resnet_copy_loads_torchvision_state_dict(resnet_example) -> None:
+    try:
+        import torchvision
+
+        reference = torchvision.models.resnet50()
+    except Exception as exc:
+        pytest.skip(f"torchvision does not import here: {type(exc).__name__}: {exc}")
+    ours = resnet_example.ResNet()
+    assert [(k, tuple(v.shape)) for k, v in ours.state_dict().items()] == \
+        [(k, tuple(v.shape)) for k, v in reference.state_dict().items()]
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        np.testing.assert_array_equal(ours.eval()(x).numpy(), reference.eval()(x).numpy())
+
+
 def test_attention_is_causal(block_example) -> None:
     """Changing the last position changes no earlier position's output."""
     built = block_example.build("cpu", batch=1, seq=16, d_model=32, heads=2)
