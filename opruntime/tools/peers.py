@@ -200,7 +200,8 @@ def _onnx(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: 
     from onnx import helper
 
     node = _checked("onnx", peer(**case.attrs))
-    op_type, attributes = node
+    op_type, attributes, *newer = node  # (op_type, attributes[, the opset the node needs])
+    opset = max([ONNX_OPSET, *newer])
     xs = [h.astype(np_dtype(case.dtype), copy=False) for h in host]
     names = [f"x{i}" for i in range(len(xs))]
     elem = helper.np_dtype_to_tensor_dtype(xs[0].dtype)
@@ -208,8 +209,8 @@ def _onnx(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: 
         [helper.make_node(op_type, names, ["y"], **attributes)], case.op,
         [helper.make_tensor_value_info(n, elem, x.shape) for n, x in zip(names, xs)],
         [helper.make_tensor_value_info("y", elem, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
-    model.ir_version = 8  # readable by onnxruntime releases of the last years
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset <= 18 else 9  # readable by onnxruntime releases of the last years
     onnx.checker.check_model(model)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = os.cpu_count() or 1

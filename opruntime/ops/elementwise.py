@@ -1,0 +1,363 @@
+"""The elementwise operators: binary ``add``, ``sub``, ``mul``, ``div`` and unary ``neg``, ``relu``,
+``gelu``, ``silu``, ``sigmoid``, ``tanh`` (``torch`` / ``torch.nn.functional`` semantics).
+
+Binary operators broadcast as NumPy does (a :class:`~opruntime.errors.ShapeError` naming both
+shapes otherwise); the result dtype follows ``result_dtype``, except that a Python ``int`` or
+``float`` operand is *weak*, as in NumPy 2 and torch: it takes the other operand's dtype
+(``t + 1.0`` and ``t * 2`` keep a float16 ``t`` float16). ``bool`` operands are refused. ``div``
+by zero follows IEEE 754 (``inf`` / ``nan``, no error). Kernels see each operand in its own shape
+and strides (broadcasting is theirs to do, with no copy) and return a new C-contiguous array of
+the broadcast shape.
+
+The unary operators keep the input's shape and dtype; NaN stays NaN. The activations' float64
+references are :data:`~opruntime.ops.base.ACTIVATIONS`; a kernel finds its activation name with
+:func:`activation` (``gelu`` with ``approximate="tanh"`` is ``"gelu_tanh"``; ``neg`` has none).
+``neg`` is the Tensor's unary minus (``-0.0`` gives ``0.0`` and back).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import AttributeValueError, DtypeError, ShapeError, UnknownAttributeError
+from ..kernels import Attrs, Problem
+from ..tensor import Tensor
+from .base import ACTIVATIONS, Case, Normalized, Operator
+
+BINARY_OPS = ("add", "sub", "mul", "div")
+UNARY_OPS = ("neg", "relu", "gelu", "silu", "sigmoid", "tanh")
+#: the arithmetic of each binary operator on float64 arrays (the references)
+ARITHMETIC: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+}
+
+
+def activation(problem: Problem) -> str | None:
+    """The activation name (a key of ``ACTIVATIONS``) a unary problem computes; None for ``neg``."""
+    if problem.op == "neg":
+        return None
+    if problem.op == "gelu":
+        return "gelu_tanh" if problem.attrs.get("approximate") == "tanh" else "gelu"
+    return problem.op
+
+
+# -- binary -------------------------------------------------------------------------------------------
+
+def _b(a: tuple[int, ...], b: tuple[int, ...], views: tuple[str | None, ...] = (), dtype: str = "float32") -> Case:
+    return Case((a, b), {}, dtype, views)
+
+
+#: 0-D, size-1, odd lengths; broadcasting of a scalar, a row, a column, a channel (NCHW bias),
+#: both sides at once; strided views on either side
+BINARY_CASES = [
+    _b((), ()), _b((1,), (1,)), _b((7,), (7,)), _b((1031,), (1031,)), _b((33, 65), (65,)), _b((33, 65), ()),
+    _b((), (5, 3)), _b((33, 1), (33, 65)), _b((3, 1, 5), (4, 5)), _b((2, 3, 4, 5), (3, 1, 1)),
+    _b((24, 40), (24, 40), ("T", None)), _b((6, 40), (6, 40), (None, "slice")), _b((6, 40), (40,), ("slice", None)),
+]
+_GPU = [_b((8192, 8192), (8192, 8192)), _b((8192, 8192), (8192, 8192), dtype="float16"),
+        _b((8192, 8192), (8192,)), _b((8192, 8192), (8192,), dtype="float16")]
+
+
+class Binary(Operator):
+    """``add``, ``sub``, ``mul``, ``div``: one class, four operators."""
+
+    operands = ("a", "b")
+    bound = "memory"
+    cases = BINARY_CASES
+    quick = (2, 4, 8, 10)
+    empty = [_b((0,), (0,)), _b((3, 0), (1,)), _b((0, 4), (4,))]
+
+    def __init__(self, name: str, torch_name: str, onnx_name: str, python: Callable[[Any, Any], Any]) -> None:
+        self.name = name
+        self.bench = {"cpu": [_b((4096, 1024), (4096, 1024))], "overhead": [_b((16,), (16,))],
+                      "gpu": _GPU if name in ("add", "mul") else _GPU[:2]}
+        self.peers = {
+            "numpy": lambda np, a, b: python(a, b),
+            "torch": lambda torch, a, b: getattr(torch, torch_name)(a, b),
+            "jax": lambda jax, a, b: python(a, b),
+            "onnx": lambda: (onnx_name, {}),
+        }
+        super().__init__()
+
+    def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
+        if attrs:
+            raise UnknownAttributeError(f"{self.name}() got unexpected keyword argument(s) {', '.join(attrs)}; "
+                                        f"it takes none")
+        a, b = (tuple(s) for s in shapes)
+        out = broadcast_shape(self.name, a, b)
+        return Normalized((a, b), Attrs(), out, out, "empty" if math.prod(out) == 0 else None)
+
+    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return np.asarray(ARITHMETIC[self.name](np.asarray(a, np.float64), np.asarray(b, np.float64)), np.float64)
+
+    def sample(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """For ``div``: divisors kept at least 0.5 from zero (a tiny divisor overflows float16)."""
+        if self.name != "div":
+            return arrays
+        a, b = arrays
+        b = np.asarray(np.where(b < 0, b - 0.5, b + 0.5), b.dtype)
+        return [a, b]
+
+    def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any, Any], ...]) -> Tensor:
+        """As :meth:`Operator.call`, with a Python scalar operand made a 0-D array of the other
+        operand's dtype first (a weak scalar)."""
+        a, b = inputs
+        if a.__class__ in _SCALARS or b.__class__ in _SCALARS:
+            inputs = weak_scalars(self.name, a, b)
+        return Operator.call(self, inputs, device, attrs)
+
+
+_SCALARS = (int, float, bool)
+
+
+def weak_scalars(op: str, a: Any, b: Any) -> tuple[Any, Any]:
+    """``(a, b)`` with a Python ``int`` / ``float`` operand turned into a 0-D NumPy array of the
+    other operand's float dtype (when it has one; two scalars keep the usual host-data rule).
+
+    Raises:
+        DtypeError: a ``bool`` operand.
+    """
+    for name, x in zip(("a", "b"), (a, b)):
+        if isinstance(x, (bool, np.bool_)):
+            raise DtypeError(f"{op}: operand {name} is a bool ({x!r}); booleans are not numbers here. "
+                             f"Pass a float, e.g. {op}(x, {float(x)!r})")
+    out = [a, b]
+    for i, (x, other) in enumerate(((a, b), (b, a))):
+        if x.__class__ not in (int, float):
+            continue
+        dt = getattr(other, "dtype", None)
+        try:
+            dt = np.dtype(dt) if dt is not None else None
+        except TypeError:  # a foreign dtype object NumPy does not know
+            dt = None
+        if dt is not None and (dt.kind == "f" or dt.name == "bfloat16"):
+            with np.errstate(over="ignore"):  # 1e6 in float16 is inf, as torch gives
+                out[i] = np.asarray(float(x), np.float64).astype(dt)
+    return out[0], out[1]
+
+
+def broadcast_shape(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The NumPy broadcast of shapes ``a`` and ``b``.
+
+    Raises:
+        ShapeError: naming both shapes and the dims that differ.
+    """
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        if x != y and x != 1 and y != 1:
+            raise ShapeError(f"{op}: shapes {a} and {b} do not broadcast: dim {i - n} is {x} in a and {y} in b "
+                             f"(each dim must match or be 1, counted from the last). Reshape one operand, e.g. "
+                             f"b.reshape(...) with a 1 where it should repeat")
+        out.append(x if y == 1 else y)
+    return tuple(out)
+
+
+ADD = Binary("add", "add", "Add", lambda a, b: a + b)
+SUB = Binary("sub", "sub", "Sub", lambda a, b: a - b)
+MUL = Binary("mul", "mul", "Mul", lambda a, b: a * b)
+DIV = Binary("div", "div", "Div", lambda a, b: a / b)
+
+
+# -- unary --------------------------------------------------------------------------------------------
+
+def _u(shape: tuple[int, ...], views: tuple[str | None, ...] = (), dtype: str = "float32", **attrs: Any) -> Case:
+    return Case((shape,), attrs, dtype, views, scale=3.0)
+
+
+def _unary_cases(**attrs: Any) -> list[Case]:
+    """0-D, size-1 and odd sizes, lengths past any vector width, and strided views."""
+    return [_u((), **attrs), _u((1,), **attrs), _u((7,), **attrs), _u((3, 5), **attrs), _u((2, 3, 1, 5), **attrs),
+            _u((1031,), **attrs), _u((33, 65), **attrs), _u((24, 40), ("T",), **attrs),
+            _u((6, 40), ("slice",), **attrs)]
+
+
+GELU_CASES = [c if i % 2 else Case(c.shapes, {"approximate": "tanh"}, c.dtype, c.views, c.scale)
+              for i, c in enumerate(_unary_cases(approximate="none"))]
+
+
+class Unary(Operator):
+    """``neg`` and the activations ``relu``, ``gelu``, ``silu``, ``sigmoid``, ``tanh``: one class."""
+
+    operands = ("x",)
+    bound = "memory"
+    quick = (2, 4, 8)
+
+    def __init__(self, name: str, peers: dict[str, Any], flops: float = 1.0) -> None:
+        self.name, self.peers, self.per_element = name, peers, flops
+        self.cases = GELU_CASES if name == "gelu" else _unary_cases()
+        attrs = {"approximate": "none"} if name == "gelu" else {}
+        self.empty = [_u((0,), **attrs), _u((3, 0, 2), **attrs)]
+        gpu = [_u((8192, 8192), **attrs), _u((8192, 8192), dtype="float16", **attrs)]
+        if name == "gelu":
+            gpu += [_u((8192, 8192), approximate="tanh"), _u((8192, 8192), dtype="float16", approximate="tanh")]
+        self.bench = {"cpu": [_u((4096, 1024), **attrs)], "overhead": [_u((16,), **attrs)], "gpu": gpu}
+        super().__init__()
+
+    def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
+        normal = Attrs()
+        if self.name == "gelu":
+            approximate = attrs.pop("approximate", "none")
+            if approximate not in ("none", "tanh") or not isinstance(approximate, str):
+                raise AttributeValueError(f"gelu: approximate must be 'none' or 'tanh' (as torch); got {approximate!r}")
+            normal = Attrs(approximate=approximate)
+        if attrs:
+            takes = "approximate" if self.name == "gelu" else "none"
+            raise UnknownAttributeError(f"{self.name}() got unexpected keyword argument(s) {', '.join(attrs)}; "
+                                        f"it takes {takes}")
+        (shape,) = shapes
+        shape = tuple(shape)
+        return Normalized((shape,), normal, shape, shape, "empty" if math.prod(shape) == 0 else None)
+
+    def reference(self, x: np.ndarray, approximate: str = "none") -> np.ndarray:
+        x = np.asarray(x, np.float64)
+        if self.name == "neg":
+            return np.negative(x)
+        name = "gelu_tanh" if self.name == "gelu" and approximate == "tanh" else self.name
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asarray(ACTIVATIONS[name](x), np.float64)
+
+    def flops(self, problem: Problem) -> float:
+        return self.per_element * math.prod(problem.out_shape)
+
+
+def _silu_np(np: Any, x: Any) -> Any:
+    return x / (1 + np.exp(-x))
+
+
+def _gelu_np(np: Any, x: Any, approximate: str = "none") -> Any:
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    if np.__name__ == "numpy":
+        from scipy.special import erf
+    else:  # CuPy on CUDA devices
+        from cupyx.scipy.special import erf
+    return 0.5 * x * (1 + erf(x * 0.7071067811865476))
+
+
+NEG = Unary("neg", {
+    "numpy": lambda np, x: np.negative(x),
+    "torch": lambda torch, x: torch.neg(x),
+    "jax": lambda jax, x: -x,
+    "onnx": lambda: ("Neg", {}),
+})
+RELU = Unary("relu", {
+    "numpy": lambda np, x: np.maximum(x, 0),
+    "torch": lambda torch, x: torch.nn.functional.relu(x),
+    "jax": lambda jax, x: jax.nn.relu(x),
+    "onnx": lambda: ("Relu", {}),
+})
+GELU = Unary("gelu", {
+    "numpy": _gelu_np,
+    "torch": lambda torch, x, approximate="none": torch.nn.functional.gelu(x, approximate=approximate),
+    "jax": lambda jax, x, approximate="none": jax.nn.gelu(x, approximate=approximate == "tanh"),
+    "onnx": lambda approximate="none": ("Gelu", {"approximate": approximate}, 20),
+}, flops=10.0)
+SILU = Unary("silu", {
+    "numpy": _silu_np,
+    "torch": lambda torch, x: torch.nn.functional.silu(x),
+    "jax": lambda jax, x: jax.nn.silu(x),
+}, flops=4.0)
+SIGMOID = Unary("sigmoid", {
+    "numpy": lambda np, x: 1 / (1 + np.exp(-x)),
+    "torch": lambda torch, x: torch.sigmoid(x),
+    "jax": lambda jax, x: jax.nn.sigmoid(x),
+    "onnx": lambda: ("Sigmoid", {}),
+}, flops=4.0)
+TANH = Unary("tanh", {
+    "numpy": lambda np, x: np.tanh(x),
+    "torch": lambda torch, x: torch.tanh(x),
+    "jax": lambda jax, x: jax.numpy.tanh(x),
+    "onnx": lambda: ("Tanh", {}),
+}, flops=4.0)
+
+
+# -- the public functions ----------------------------------------------------------------------------
+
+@ADD.function
+def add(a: Any, b: Any, *, device: Any = None) -> Tensor:
+    """``a + b`` elementwise with NumPy broadcasting, as ``torch.add``.
+
+    Args:
+        a, b: Tensors, native device arrays, host data, or a Python int / float (weak: it takes
+            the other operand's dtype, so ``add(t16, 1.0)`` stays float16).
+        device: run here.
+
+    Returns:
+        A Tensor of the broadcast shape, in the operands' common dtype.
+
+    Raises:
+        ShapeError: shapes that do not broadcast.  DtypeError: integer or bool operands.
+    """
+
+
+@SUB.function
+def sub(a: Any, b: Any, *, device: Any = None) -> Tensor:
+    """``a - b`` elementwise with NumPy broadcasting, as ``torch.sub``. Arguments and errors as :func:`add`."""
+
+
+@MUL.function
+def mul(a: Any, b: Any, *, device: Any = None) -> Tensor:
+    """``a * b`` elementwise with NumPy broadcasting, as ``torch.mul``. Arguments and errors as :func:`add`."""
+
+
+@DIV.function
+def div(a: Any, b: Any, *, device: Any = None) -> Tensor:
+    """``a / b`` elementwise with NumPy broadcasting, as ``torch.div`` (true division). Division by
+    zero gives ``inf`` or ``nan`` as IEEE 754 says, with no error. Arguments and errors as :func:`add`."""
+
+
+@NEG.function
+def neg(x: Any, *, device: Any = None) -> Tensor:
+    """``-x`` elementwise, as ``torch.neg`` (the Tensor's unary minus).
+
+    Raises:
+        DtypeError: integer input or a dtype no kernel on the device computes.
+    """
+
+
+@RELU.function
+def relu(x: Any, *, device: Any = None) -> Tensor:
+    """``max(x, 0)`` elementwise, as ``torch.nn.functional.relu`` (NaN stays NaN).
+
+    Args:
+        x: any shape: a Tensor, a native device array or host data.
+        device: run here.
+
+    Returns:
+        A Tensor of ``x``'s shape and dtype.
+
+    Raises:
+        DtypeError: integer input or a dtype no kernel on the device computes.
+    """
+
+
+@GELU.function
+def gelu(x: Any, approximate: str = "none", *, device: Any = None) -> Tensor:
+    """``x * Phi(x)`` elementwise, as ``torch.nn.functional.gelu``: ``approximate="none"`` uses
+    ``erf``, ``"tanh"`` the tanh approximation.
+
+    Raises:
+        AttributeValueError: another ``approximate``.  DtypeError: as :func:`relu`.
+    """
+
+
+@SILU.function
+def silu(x: Any, *, device: Any = None) -> Tensor:
+    """``x * sigmoid(x)`` elementwise, as ``torch.nn.functional.silu``. Errors as :func:`relu`."""
+
+
+@SIGMOID.function
+def sigmoid(x: Any, *, device: Any = None) -> Tensor:
+    """``1 / (1 + exp(-x))`` elementwise, as ``torch.sigmoid``. Errors as :func:`relu`."""
+
+
+@TANH.function
+def tanh(x: Any, *, device: Any = None) -> Tensor:
+    """``tanh(x)`` elementwise, as ``torch.tanh``. Errors as :func:`relu`."""
