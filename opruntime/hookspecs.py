@@ -190,7 +190,7 @@ class DeviceProvider(abc.ABC):
         else a new C-contiguous array, as NumPy's ``reshape``."""
         if hasattr(data, "reshape"):
             return data.reshape(shape)
-        return self.from_host(np.ascontiguousarray(self.to_host(data)).reshape(shape))
+        return self.from_host(np.array(self.to_host(data), order="C").reshape(shape))
 
     def permute(self, data: Any, axes: tuple[int, ...]) -> Any:
         """``data`` with its dims reordered: result dim ``i`` is ``data``'s dim ``axes[i]`` (a
@@ -198,16 +198,17 @@ class DeviceProvider(abc.ABC):
         strides."""
         if hasattr(data, "transpose"):
             return data.transpose(axes)
-        return self.from_host(np.ascontiguousarray(self.to_host(data).transpose(axes)))
+        return self.from_host(np.array(self.to_host(data).transpose(axes), order="C"))
 
     def getitem(self, data: Any, index: tuple[int | slice, ...]) -> Any:
         """Basic indexing, ``data[index]``: ``index`` has one entry per dim, an int in
         ``[0, n)`` or a ``slice(start, stop, step)`` with ``0 <= start <= stop <= n`` and
         ``step >= 1`` (the frontend resolves negative and missing bounds, ``...`` and ``None``, and
-        refuses advanced indexing). A view where the type has strides."""
+        refuses advanced indexing). A view where the type has strides; an array, also when every dim
+        is indexed by an int (a 0-d one: the trailing ``...`` keeps NumPy from giving a scalar)."""
         if hasattr(data, "__getitem__"):
-            return data[index]
-        return self.from_host(np.ascontiguousarray(self.to_host(data)[index]))
+            return data[(*index, Ellipsis)]
+        return self.from_host(np.array(self.to_host(data)[(*index, Ellipsis)], order="C"))
 
     def concat(self, datas: Sequence[Any], axis: int) -> Any:
         """A new C-contiguous array: ``datas`` (one or more, one dtype and rank, shapes equal but

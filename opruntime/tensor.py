@@ -34,8 +34,8 @@ class Tensor:
     and OpenCL arrays: no copy; a ``reshape`` the strides forbid copies, as NumPy's; JAX arrays are
     immutable XLA buffers, so there a view is a new array). Neither the view nor the original can
     change, so sharing is safe. The arithmetic operators call the operators ``add``, ``sub``,
-    ``mul``, ``div``, ``matmul`` and ``neg``; a Python number takes the Tensor's dtype (as in
-    torch), host arrays join the Tensor's device::
+    ``mul``, ``div``, ``matmul`` and ``neg`` (so a Python number is weak: it takes the Tensor's
+    dtype, as in torch), host arrays join the Tensor's device::
 
         t = opr.tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4), device="cpu")
         t.reshape(6, -1).shape      # (6, 4)     a view
@@ -161,28 +161,28 @@ class Tensor:
 
     # -- arithmetic: the operators add, sub, mul, div, matmul and neg -------------------------
     def __add__(self, other: Any) -> Tensor:
-        return _binary("add", self, other)
+        return _operator("add")(self, other)
 
     def __radd__(self, other: Any) -> Tensor:
-        return _binary("add", other, self)
+        return _operator("add")(other, self)
 
     def __sub__(self, other: Any) -> Tensor:
-        return _binary("sub", self, other)
+        return _operator("sub")(self, other)
 
     def __rsub__(self, other: Any) -> Tensor:
-        return _binary("sub", other, self)
+        return _operator("sub")(other, self)
 
     def __mul__(self, other: Any) -> Tensor:
-        return _binary("mul", self, other)
+        return _operator("mul")(self, other)
 
     def __rmul__(self, other: Any) -> Tensor:
-        return _binary("mul", other, self)
+        return _operator("mul")(other, self)
 
     def __truediv__(self, other: Any) -> Tensor:
-        return _binary("div", self, other)
+        return _operator("div")(self, other)
 
     def __rtruediv__(self, other: Any) -> Tensor:
-        return _binary("div", other, self)
+        return _operator("div")(other, self)
 
     def __matmul__(self, other: Any) -> Tensor:
         return _operator("matmul")(self, other)
@@ -202,7 +202,7 @@ class Tensor:
         a NumPy array, as before."""
         name = _UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs else None
         if name is not None:
-            return _binary(name, *inputs) if len(inputs) == 2 and name != "matmul" else _operator(name)(*inputs)
+            return _operator(name)(*inputs)
         host = [np.asarray(x) if isinstance(x, Tensor) else x for x in inputs]
         if any(isinstance(o, Tensor) for o in kwargs.get("out", ())):
             raise InputTypeError(f"np.{ufunc.__name__}: a Tensor cannot be written into (Tensors never change); "
@@ -260,21 +260,6 @@ def _operator(name: str) -> Any:
         raise NotImplementedError(f"Tensor: the operator {name!r} behind this arithmetic is not loaded "
                                   f"(import opruntime first); operators: {', '.join(sorted(config.OPERATORS))}")
     return op
-
-
-def _binary(name: str, a: Any, b: Any) -> Tensor:
-    """``a <op> b`` with at least one Tensor: a Python number becomes a 0-d operand of the other
-    operand's dtype (a number does not widen a float16 Tensor, as in torch)."""
-    if _is_number(a) and isinstance(b, Tensor):
-        a = np.asarray(a, dtype=b.dtype)
-    elif _is_number(b) and isinstance(a, Tensor):
-        b = np.asarray(b, dtype=a.dtype)
-    return _operator(name)(a, b)
-
-
-def _is_number(x: Any) -> bool:
-    """A Python number (bool, int, float), not a NumPy scalar (NumPy scalars carry their dtype)."""
-    return isinstance(x, (int, float)) and not isinstance(x, np.generic)
 
 
 # -- validating views ---------------------------------------------------------------------------------

@@ -149,7 +149,7 @@ class CudaDevice(DeviceProvider):
         return data.transpose(axes)
 
     def getitem(self, data: Any, index: tuple[int | slice, ...]) -> Any:
-        return data[index]
+        return data[(*index, Ellipsis)]
 
     def concat(self, datas: Any, axis: int) -> Any:
         nbytes = sum(d.nbytes for d in datas)

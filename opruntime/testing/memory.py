@@ -1,5 +1,6 @@
 """Conformance of a device's memory: round trips of every dtype and shape (size 0, specials),
-NumPy views, allocation, conversion, ownership, DLPack, synchronisation and the timer."""
+NumPy views, allocation, conversion, ownership, the view hooks (reshape, permute, getitem,
+concat), DLPack, synchronisation and the timer."""
 
 # ruff: noqa: BLE001 - whatever a plugin (or a thread) raises is reported, never let through
 
@@ -74,6 +75,7 @@ def check_memory(device: Device, dtypes: Sequence[str] | None = None, rng: np.ra
                 except Exception as exc:
                     fail(subject, f"{alloc}() raised {_exc(exc)}")
         out += _check_views_and_casts(device, dtype, dtypes, rng)
+        out += _check_view_hooks(device, dtype, rng)
         out += _check_random(device, dtype)
     out += _check_dlpack_and_timer(device, rng)
     out += _check_extension_points(device, rng)
@@ -104,6 +106,72 @@ def _check_views_and_casts(device: Device, dtype: str, dtypes: Sequence[str], rn
                                    "differs from numpy's conversion (round to nearest even)"))
         except Exception as exc:
             out.append(Finding("memory", f"{device.name} astype {dtype}->{target}", f"raised {_exc(exc)}"))
+    return out
+
+
+def _check_view_hooks(device: Device, dtype: str, rng: np.random.Generator) -> list[Finding]:
+    """``reshape``, ``permute``, ``getitem`` and ``concat`` (the Tensor's views and ``opr.concat``)
+    give NumPy's values, on arrays of the device, of views of views too, leaving their operands as
+    they were; ``concat`` gives a new array."""
+    prov, out = device.provider, []
+
+    def fail(what: str, msg: str) -> None:
+        out.append(Finding("memory", f"{device.name} {dtype} {what}", msg))
+
+    host = random_array(rng, (4, 6, 5), dtype)
+    try:
+        data = prov.from_host(host)
+    except Exception as exc:
+        return [Finding("memory", f"{device.name} {dtype} views", f"from_host raised {_exc(exc)}")]
+    full = (slice(0, 4, 1), slice(0, 6, 1), slice(0, 5, 1))
+    steps: list[tuple[str, object, np.ndarray]] = []  # (label, native result or exception, expected)
+
+    def run(label: str, fn: object, want: np.ndarray) -> object:
+        try:
+            got = fn()  # type: ignore[operator]
+        except Exception as exc:
+            fail(label, f"raised {_exc(exc)}")
+            return None
+        steps.append((label, got, want))
+        return got
+
+    moved = run("permute (2, 0, 1)", lambda: prov.permute(data, (2, 0, 1)), host.transpose(2, 0, 1))
+    run("reshape (24, 5)", lambda: prov.reshape(data, (24, 5)), host.reshape(24, 5))
+    run("reshape (4, 30, 1)", lambda: prov.reshape(data, (4, 30, 1)), host.reshape(4, 30, 1))
+    sliced = run("getitem [1:4:2, 1, ::2]", lambda: prov.getitem(data, (slice(1, 4, 2), 1, slice(0, 5, 2))),
+                 host[1:4:2, 1, ::2])
+    run("getitem [2, 3, 4] (0-d)", lambda: prov.getitem(data, (2, 3, 4)), host[2, 3, 4])
+    run("getitem [:, 6:6] (size 0)", lambda: prov.getitem(data, (full[0], slice(6, 6, 1), full[2])), host[:, 6:6])
+    if moved is not None:
+        run("reshape of a permuted view (a copy)", lambda: prov.reshape(moved, (5, 24)),
+            host.transpose(2, 0, 1).reshape(5, 24))
+        run("getitem of a permuted view", lambda: prov.getitem(moved, (slice(1, 5, 3), slice(0, 4, 1), 2)),
+            host.transpose(2, 0, 1)[1::3, :, 2])
+    if sliced is not None:
+        run("permute of a sliced view", lambda: prov.permute(sliced, (1, 0)), host[1:4:2, 1, ::2].T)
+    part = prov.getitem(data, (full[0], slice(1, 6, 2), full[2])) if sliced is not None else data
+    joined = run("concat axis 1 (contiguous, strided, size 0)",
+                 lambda: prov.concat([data, part, prov.getitem(data, (full[0], slice(0, 0, 1), full[2]))], 1),
+                 np.concatenate([host, host[:, 1::2]], axis=1))
+    run("concat axis 2 of one", lambda: prov.concat([data], 2), host)
+    for label, got, want in steps:
+        try:
+            back = np.asarray(prov.to_host(got))
+            if tuple(got.shape) != want.shape or np.dtype(got.dtype) != want.dtype:
+                fail(label, f"gave shape {tuple(got.shape)} dtype {got.dtype}; NumPy gives {want.shape} {want.dtype}")
+            elif not same_bits(back, want):
+                fail(label, "gives values other than NumPy's")
+            elif not prov.owns(got):
+                fail(label, "owns() is False for the result: operators could not adopt it")
+        except Exception as exc:
+            fail(label, f"reading the result back raised {_exc(exc)}")
+    try:
+        if not same_bits(np.asarray(prov.to_host(data)), host):
+            fail("views", "changed the array they were made from")
+        if joined is not None and prov.shares_memory(joined, data):
+            fail("concat", "the result shares memory with an operand; it must be a new array")
+    except Exception as exc:
+        fail("views", f"checking the operand afterwards raised {_exc(exc)}")
     return out
 
 
