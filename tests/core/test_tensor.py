@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import opruntime as opr
+from opruntime.testing.numerics import compare
 
 
 def test_tensor_round_trip(device, rng):
@@ -196,3 +197,61 @@ def test_finding_1_mixed_big_endian_and_native_operands(device):
     np.testing.assert_array_equal(out.numpy(), [[2, 3], [8, 9]])
     out = opr.matmul(a, b.astype(">f8")[::1], device=device)
     np.testing.assert_array_equal(out.numpy(), [[2, 3], [8, 9]])
+
+
+# -- the arithmetic operators: the operators add, sub, mul, div, matmul, neg ------------------------------
+def test_tensor_operators_call_the_operators(monkeypatch):
+    """``+ - * / @`` and unary ``-`` (reflected forms and NumPy's ufuncs included) reach the
+    operators through ``config.OPERATORS`` at call time (tensor.py sits below ``opruntime.ops``)."""
+    import opruntime.config
+
+    calls = []
+    for name in ("add", "sub", "mul", "div", "matmul", "neg"):
+        monkeypatch.setitem(opruntime.config.OPERATORS, name,
+                            lambda *xs, _n=name: calls.append((_n, tuple(type(x).__name__ for x in xs))) or _n)
+    t = opr.tensor(np.ones((2, 2), np.float32), device="cpu")
+    x = np.ones((2, 2), np.float32)
+    got = [t + t, 1.0 + t, t - 2, 1.0 - t, t * x, 2 * t, t / 2.0, 3.0 / t, t @ t, x @ t, -t, x - t, np.matmul(x, t),
+           np.negative(t)]
+    assert got == ["add", "add", "sub", "sub", "mul", "mul", "div", "div", "matmul", "matmul", "neg", "sub", "matmul",
+                   "neg"]
+    assert calls[1] == ("add", ("float", "Tensor")) and calls[3] == ("sub", ("float", "Tensor"))
+    assert calls[9] == ("matmul", ("ndarray", "Tensor")) and calls[11] == ("sub", ("ndarray", "Tensor"))
+    assert +t is t
+
+
+def test_tensor_arithmetic_matches_numpy(device, rng):
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    b = (np.abs(rng.standard_normal((3, 5))) + 0.5).astype(np.float32)
+    row = rng.standard_normal(5).astype(np.float32)
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    ta, tb = opr.tensor(a, device=device), opr.tensor(b, device=device)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    for got, want in [
+        (ta + tb, a64 + b64), (ta - tb, a64 - b64), (ta * tb, a64 * b64), (ta / tb, a64 / b64), (-ta, -a64),
+        (1.0 - ta, 1.0 - a64), (2 * ta, 2 * a64), (ta / 4.0, a64 / 4.0), (3.0 / tb, 3.0 / b64), (ta + 1, a64 + 1),
+        (ta + row, a64 + row), (row * ta, row * a64), (a - tb, a64 - b64),  # host operands, broadcasting
+        (ta @ w, a64 @ w), (w.T @ ta.T, w.T.astype(np.float64) @ a64.T), (ta.T[1:] @ tb, a64.T[1:] @ b64),
+        (2 * (ta @ w) + 1.0, 2 * (a64 @ w) + 1.0),
+    ]:
+        assert isinstance(got, opr.Tensor) and got.device == device and got.dtype == np.float32
+        assert compare(got.numpy(), want, "float32") is None, compare(got.numpy(), want, "float32")
+
+
+def test_a_python_number_keeps_a_float16_tensor_float16():
+    t = opr.tensor(np.array([1.0, 2.0, 3.0], np.float16), device="cpu")
+    for out in (t * 2, 2.5 + t, t - 1.0, 1.0 / t):
+        assert out.dtype == np.float16
+    np.testing.assert_array_equal((t * 2).numpy(), np.array([2, 4, 6], np.float16))
+
+
+def test_other_numpy_functions_still_get_the_host_values():
+    t = opr.tensor(np.array([0.0, 1.0], np.float32), device="cpu")
+    out = np.exp(t)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, [1.0, np.e], rtol=1e-6)
+    x = np.zeros(2, np.float32)
+    x += t  # into a NumPy array: NumPy's own add, writing x
+    np.testing.assert_array_equal(x, [0.0, 1.0])
+    with pytest.raises(opr.errors.InputTypeError, match="a Tensor cannot be written into"):
+        np.exp(x, out=t)
