@@ -31,6 +31,7 @@ Needs torch (``pip install opruntime[models]``) for the weights and the comparis
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -50,9 +51,11 @@ except ImportError:  # pragma: no cover - the message says what to do
                      "pip install 'opruntime[models]' (or pip install torch)") from None
 
 #: the largest relative error (max abs error / max abs reference) of the logits accepted against
-#: PyTorch float32: float32 as the issue asks; float16 rounds the activations to 11 bits at each of
-#: 53 convolutions (each adds about 1e-3; seen well under 3e-2)
-TOLERANCE = {"float32": 1e-3, "float16": 3e-2}
+#: PyTorch float32: float32 as the issue asks; float16 rounds the weights and every activation to 11
+#: bits, 88 times on the way (53 convolutions, 16 residual adds, ...). Simulated (float32 arithmetic,
+#: every operand and result rounded to float16) the logits' error is 0.9e-2 at 224x224 and 3-4e-2 at
+#: 64x64, where the final average pools 4 positions, not 49; a wrong kernel gives errors near 1.
+TOLERANCE = {"float32": 1e-3, "float16": 5e-2}
 
 
 # -- torchvision's ResNet-50, for machines where torchvision does not import ----------------------
@@ -140,9 +143,10 @@ def torch_resnet50() -> nn.Module:
         return ResNet()
 
 
-def calibrate(module: nn.Module, seed: int = 0, batch: int = 4, size: int = 64) -> nn.Module:
+def calibrate(module: nn.Module, seed: int = 0, batch: int = 4, size: int = 48) -> nn.Module:
     """Random batch-norm affine parameters, and running statistics measured on one random batch
-    (the module is left in eval mode)."""
+    (the module is left in eval mode). At 48x48 the last stage still sees 2x2 positions per image:
+    16 values per channel."""
     gen = torch.Generator().manual_seed(seed)
     norms = [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
     with torch.no_grad():
@@ -250,11 +254,19 @@ class OprResNet50:
         return opr.linear(h.reshape(h.shape[0], h.shape[1]), *self.fc)
 
 
+@functools.lru_cache(maxsize=2)
+def random_resnet50(seed: int = 0) -> nn.Module:
+    """A random-weight ResNet-50 with calibrated batch norms (:func:`calibrate`), in eval mode; made
+    once per seed and shared by every :func:`build` of that seed: do not change it."""
+    torch.manual_seed(seed)
+    return calibrate(torch_resnet50(), seed)
+
+
 class Built(NamedTuple):
     """What :func:`build` gives: the opruntime model, the torch module it was made from, an input."""
 
     ours: OprResNet50
-    module: nn.Module  # float32 on the CPU, eval mode
+    module: nn.Module  # float32 on the CPU, eval mode (shared: see random_resnet50)
     x: np.ndarray  # float32 (N, 3, size, size)
 
 
@@ -262,8 +274,7 @@ def build(device: opr.Device | str, dtype: str = "float32", *, batch: int = 1, s
           seed: int = 0) -> Built:
     """A random-weight ResNet-50 (seeded), its opruntime twin on ``device`` in ``dtype`` and a
     random input of ``batch`` images of ``size`` x ``size`` (the bench reuses this)."""
-    torch.manual_seed(seed)
-    module = calibrate(torch_resnet50(), seed)
+    module = random_resnet50(seed)
     x = np.random.default_rng(seed).standard_normal((batch, 3, size, size)).astype(np.float32)
     return Built(OprResNet50(module, device, dtype, fold), module, x)
 
