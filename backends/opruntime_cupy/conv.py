@@ -16,7 +16,11 @@ baseline im2col + cuBLAS.
 * ``im2col_cublas`` (vendor): a column buffer from ``conv_im2col.cu``, then cuBLAS
   (cuBLAS, one strided-batched GEMM per group); a 1x1 stride-1 unpadded convolution without bias
   is that GEMM on the input itself. A bias is a row of ones in the column buffer and a column of
-  the weights, so the GEMM adds it before its one rounding.
+  the weights, so the GEMM adds it before its one rounding; an activation is one in-place pass
+  after it (``linear.cu``'s ``bias_act``).
+
+Every own kernel applies the activation (``activation=``, the ``ACT`` define of
+``conv_types.cuh``) after the bias in its epilogue, on the accumulator, before the rounding.
 
 The selector ranks them by ``cost``: roofline times from the device's figures, scaled by the
 efficiency each kernel reached when measured (docs/notes-cuda-softmax-conv.md). This module is
@@ -205,4 +209,14 @@ def build_variants() -> list[tuple[str, dict]]:
         out.append(("conv_im2col.cu", {"DTYPE": code, "THREADS": 256, "IDX": "long long"}))
     out.append(("conv_depthwise.cu", {"DTYPE": 0, "THREADS": 256, "KH": 0, "KW": 0, "IDX": "long long"}))
     out += [("conv_winograd.cu", {"DTYPE": code, "THREADS": 256, "WINO_M": m}) for code in (0, 3) for m in (2, 4)]
+    # the activation epilogue (ACT codes of epilogue.py: relu 1, gelu 2, gelu_tanh 3, silu 4) on each kernel
+    for act in (1, 2, 3, 4):
+        out.append(("conv_simt.cu", {"DTYPE": 0, "BM": 64, "BN": 128, "BK": 16, "MINB": 3, "ACT": act}))
+        out.append(("conv_mma.cu", {"DTYPE": 1, "BM": 128, "BN": 128, "WARPS_M": 2, "WARPS_N": 4, "AVEC": 1,
+                                    "MINB": 2, "ACT": act}))
+        out.append(("conv_depthwise.cu", {"DTYPE": 1, "THREADS": 256, "KH": 3, "KW": 3, "IDX": "int", "ACT": act}))
+        out.append(("conv_winograd.cu", {"DTYPE": 0, "THREADS": 256, "WINO_M": 4, "ACT": act}))
+    out.append(("conv_simt.cu", {"DTYPE": 3, "BM": 64, "BN": 64, "BK": 8, "MINB": 1, "ACT": 2}))
+    out.append(("conv_mma.cu", {"DTYPE": 2, "BM": 128, "BN": 128, "WARPS_M": 2, "WARPS_N": 4, "AVEC": 1, "MINB": 2,
+                                "ACT": 4}))
     return out

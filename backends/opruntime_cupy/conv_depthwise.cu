@@ -50,6 +50,6 @@ conv_depthwise(const T* __restrict__ x, const T* __restrict__ wt, const T* __res
             }
         }
         if (p.has_bias) acc += to_acc(bias[oc]);
-        y[idx] = from_acc(acc);
+        y[idx] = from_acc(activate<ACT>(acc));
     }
 }

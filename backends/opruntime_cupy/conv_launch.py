@@ -19,6 +19,7 @@ import numpy as np
 from opruntime.kernels import Attrs, Problem, c_strides, itemsize
 
 from . import compile as cc
+from .epilogue import ACT
 from .memory import empty
 
 DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
@@ -96,6 +97,12 @@ def wino_gemm(problem: Problem, m: int) -> Problem:
                    (1, a2 * cv.k, 1, t), problem.dtype)
 
 
+def act_define(problem: Problem) -> dict[str, int]:
+    """The ACT define of the problem's activation (conv_types.cuh), none without one."""
+    act = problem.attrs.get("activation")
+    return {} if act is None else {"ACT": ACT[act]}
+
+
 def _blocks_per_sm(kind: str, cfg: Mapping[str, Any], dtype: str) -> int:
     """The MINB the registers are cut for (float64 needs twice the registers: one block)."""
     return 1 if dtype == "float64" else cfg["minb"]
@@ -155,7 +162,7 @@ def _build_igemm(kind: str, problem: Problem, config: Mapping[str, Any]) -> Call
 
     cv, dev = Conv(problem), problem.device.provider.index
     name = f"cupy.conv2d.igemm_{kind}"
-    d = {"DTYPE": DTYPE_CODE[problem.dtype], "BM": config["bm"], "BN": config["bn"]}
+    d = {"DTYPE": DTYPE_CODE[problem.dtype], "BM": config["bm"], "BN": config["bn"], **act_define(problem)}
     if kind == "simt":
         d.update(BK=config["bk"], MINB=_blocks_per_sm(kind, config, problem.dtype))
         fn = cc.get_function("conv_simt.cu", "conv_simt", d, dev, kernel=name)
@@ -186,7 +193,7 @@ def _build_winograd(kind: str, problem: Problem, config: Mapping[str, Any]) -> C
     th, tw = -(-cv.p // m), -(-cv.q // m)
     tiles = cv.n * th * tw
     threads = 256
-    d = {"DTYPE": DTYPE_CODE[problem.dtype], "THREADS": threads, "WINO_M": m}
+    d = {"DTYPE": DTYPE_CODE[problem.dtype], "THREADS": threads, "WINO_M": m, **act_define(problem)}
     f_filter, f_input, f_output = (cc.get_function("conv_winograd.cu", f, d, dev, kernel=name)
                                    for f in ("wino_filter", "wino_input", "wino_output"))
     gemm = _build_igemm("simt", wino_gemm(problem, m), config)  # the a2 products: one grouped GEMM
@@ -214,7 +221,7 @@ def _build_depthwise(kind: str, problem: Problem, config: Mapping[str, Any]) -> 
     threads = config["threads"]
     small = cv.r <= 7 and cv.s <= 7  # unroll the taps of the usual kernel sizes
     d = {"DTYPE": DTYPE_CODE[problem.dtype], "THREADS": threads, "KH": cv.r if small else 0,
-         "KW": cv.s if small else 0, "IDX": "int" if total < 2**30 else "long long"}
+         "KW": cv.s if small else 0, "IDX": "int" if total < 2**30 else "long long", **act_define(problem)}
     fn = cc.get_function("conv_depthwise.cu", "conv_depthwise", d, dev, kernel=name)
     grid = min(-(-total // threads), 2**30 // threads if total < 2**30 else 1 << 20)
     params, fix, shape = cv.params(), _operands(cv), problem.out_shape
@@ -266,12 +273,20 @@ def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Cal
     n, g, kg, pq = cv.n, cv.groups, cv.kg, cv.p * cv.q
     shape = problem.out_shape
     fix = _operands(cv)
+    act = problem.attrs.get("activation")
+    activate = None
+    if act is not None:  # cuBLAS has no epilogue here: one in-place pass (linear.cu) after the GEMM
+        from .linear import epilogue_pass
+
+        activate = epilogue_pass(problem, shape, pq, cv.k, False, act, name)
     if pointwise(cv):
         on_input = _batched_gemm(problem.dtype, n, g, kg, cv.cg, pq)
 
         def gemm(x: Any, w: Any, b: Any) -> Any:
             y = empty(shape, x.dtype, name)
             on_input(w, x, y)
+            if activate is not None:
+                activate(y, None)
             return y
 
         return _launcher(dev, fix, gemm)
@@ -295,6 +310,8 @@ def _build_vendor(kind: str, problem: Problem, config: Mapping[str, Any]) -> Cal
         if b is not None:
             wk = cupy.concatenate([wk, b.reshape(g, kg, 1)], axis=2)
         gemm(wk, cols, y)
+        if activate is not None:
+            activate(y, None)
         return y
 
     return _launcher(dev, fix, body)

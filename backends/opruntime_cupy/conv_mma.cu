@@ -186,7 +186,7 @@ conv_mma(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict_
                         const int oc = g * p.kg + m;
                         float v = acc[i][j][h * 2 + e2];
                         if (p.has_bias) v += to_acc(bias[oc]);
-                        ycol[(long long)oc * p.pq] = from_acc(v);
+                        ycol[(long long)oc * p.pq] = from_acc(activate<ACT>(v));
                     }
                 }
             }

@@ -115,7 +115,7 @@ conv_simt(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict
         buf ^= 1;
     }
 
-    // epilogue: bias, convert, store y[img, g*kg + m, pq]
+    // epilogue: bias, activation, convert, store y[img, g*kg + m, pq]
     const long long kpq = (long long)p.k * p.pq;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -130,7 +130,7 @@ conv_simt(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict
                 const int oc = g * p.kg + m;
                 ACC v = acc[i][j];
                 if (p.has_bias) v += to_acc(bias[oc]);
-                ycol[(long long)oc * p.pq] = from_acc(v);
+                ycol[(long long)oc * p.pq] = from_acc(activate<ACT>(v));
             }
         }
     }

@@ -3,6 +3,13 @@
 //   DTYPE 0 float32, 1 float16, 2 bfloat16 (both accumulated in float32), 3 float64
 #pragma once
 #include "dtype.cuh"
+#include "epilogue.cuh"
+
+// ACT: the activation (epilogue.cuh's codes) every conv kernel applies after the bias, on the
+// accumulator, before the one rounding to T; 0 none.
+#ifndef ACT
+#define ACT 0
+#endif
 
 // One convolution as the implicit GEMM sees it, per group g:
 //   y[n, g*kg + m, p, q] = sum_{crs} w[g*kg + m, crs] * x[n, g*cg + c, p*str_h - pad_t + r*dil_h, q*str_w - pad_l + s*dil_w]

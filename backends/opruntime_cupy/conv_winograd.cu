@@ -6,7 +6,7 @@
 //   wino_filter: U[xi][k][c] = (G g G^T)[xi]        g = w[k, c] (3x3), computed in double
 //   wino_input:  V[xi][c][t] = (B^T d B)[xi]        d = the input patch of tile t, zero-padded
 //   GEMM:        M[xi][k][t] = sum_c U[xi][k][c] V[xi][c][t]
-//   wino_output: y[n, k, M ty + i, M tx + j] = (A^T M A)[i][j] + bias[k]
+//   wino_output: y[n, k, M ty + i, M tx + j] = act((A^T M A)[i][j] + bias[k])   (ACT, conv_types.cuh)
 // Tiles t = (n * th + ty) * tw + tx with th = ceil(P/M), tw = ceil(Q/M); U, V, M hold ACC.
 // The matrices are Lavin & Gray's (points 0, -1, 1 for M = 2; 0, +-1, +-2 and infinity for M = 4).
 // Defines: DTYPE (0 float32, 3 float64), WINO_M, THREADS.
@@ -136,7 +136,7 @@ wino_output(const ACC* __restrict__ m, const T* __restrict__ bias, T* __restrict
             ACC r = add;
 #pragma unroll
             for (int j = 0; j < ALPHA; j++) r += s[a][j] * AT[b][j];
-            if (ox < q) yk[oy * q + ox] = from_acc(r);
+            if (ox < q) yk[oy * q + ox] = from_acc(activate<ACT>(r));
         }
     }
 }

@@ -2,6 +2,7 @@
 // as one struct (one kernel argument: fewer arguments for the host to marshal per call).
 #pragma once
 #include "common.cuh"
+#include "epilogue.cuh"
 
 // Layout and scheduling flags every matmul kernel reads (matmul.py sets them per problem; the
 // defaults are the contiguous, vector-loaded float case). A_KCONTIG: A's k index is contiguous,
@@ -25,6 +26,17 @@
 #ifndef GROUP_M
 #define GROUP_M 8
 #endif
+
+// The epilogue (linear): BIAS 1 adds bias[n] (a kernel argument after the parameter block, of
+// the element type), ACT applies activate<ACT> of epilogue.cuh; both in fp32 on the accumulator,
+// before the one rounding to the output type. matmul builds neither.
+#ifndef BIAS
+#define BIAS 0
+#endif
+#ifndef ACT
+#define ACT 0
+#endif
+#define HAS_EPILOGUE (BIAS || ACT)
 
 struct GemmParams {
     i64 M, N, K;
@@ -59,3 +71,13 @@ __device__ __forceinline__ void store8_16bit(bits16* dst, uint4 v, int n, int N,
     }
 }
 
+
+// bias[n] of a 16-bit bias as float (0 past the row's end: nothing is stored there).
+__device__ __forceinline__ float bias16(const bits16* bias, int n, int N) {
+    if (n >= N) return 0.0f;
+#if BF16
+    return bf16_to_f32(bias[n]);
+#else
+    return f16_to_f32(bias[n]);
+#endif
+}

@@ -12,6 +12,8 @@
 // is contiguous, else k. VEC_A / VEC_B 1: cp.async 16-byte copies (needs the contiguous extents and other
 // strides to be multiples of 8 and 16-byte-aligned bases: matmul.py checks); 0: element
 // loads with any strides (VEC_x 0: synchronous, for odd shapes and strided views).
+// Epilogue (BIAS, ACT: matmul_common.cuh): bias[n] and the activation applied in fp32 to the
+// accumulators before they are rounded to 16 bits.
 #include "matmul_common.cuh"
 
 #ifndef BM
@@ -118,7 +120,11 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __restrict__ C,
-      const GemmParams p) {
+      const GemmParams p
+#if BIAS
+      , const bits16* __restrict__ bias
+#endif
+      ) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bits16* sA = reinterpret_cast<bits16*>(smem_raw);
     bits16* sB = sA + STAGES * A_TILE;
@@ -233,6 +239,25 @@ hgemm(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __rest
     static_assert((BM / WM) * (BN / WN) * WM * CROW <= STAGES * (A_TILE + B_TILE), "staging fits the stages");
     bits16* cs = sA + warp * WM * CROW;
     const int g = lane >> 2, c2 = (lane & 3) * 2;
+#if HAS_EPILOGUE
+    // the two columns of each mma tile this thread holds: the same for every row it holds
+#pragma unroll
+    for (int j = 0; j < NI; ++j) {
+#if BIAS
+        const int n = n0 + wn0 + j * 8 + c2;
+        const float b0 = bias16(bias, n, N), b1 = bias16(bias, n + 1, N);
+#else
+        const float b0 = 0.0f, b1 = 0.0f;
+#endif
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                acc[i][j][h * 2] = activate<ACT>(acc[i][j][h * 2] + b0);
+                acc[i][j][h * 2 + 1] = activate<ACT>(acc[i][j][h * 2 + 1] + b1);
+            }
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll

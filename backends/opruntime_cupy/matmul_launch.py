@@ -117,28 +117,32 @@ PARAMS = np.dtype([(n, np.int64) for n in ("M", "N", "K", "sam", "sak", "sbk", "
 
 
 def plan(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool,
-         fallback: Mapping[str, Any] | None = None) -> tuple[list[Launch], list[Launch] | None]:
+         fallback: Mapping[str, Any] | None = None, epilogue: Mapping[str, int] | None = None,
+         label: str = "cupy.matmul") -> tuple[list[Launch], list[Launch] | None]:
     """(launches for 16-byte aligned bases, launches for any base or None when they are the
     same), compiled for ``problem.device``. ``fallback``: for ``wgmma``, the ``mma`` config whose
-    any-stride variant serves misaligned bases."""
+    any-stride variant serves misaligned bases. ``epilogue``: the ``BIAS`` / ``ACT`` defines of
+    matmul_common.cuh (linear's), none for matmul."""
     w = 4 if family == "simt" else 8
     g = geometry(problem, w)
     if g is None:
-        raise ValueError(f"cupy.matmul.{family}: the batch dims of {problem} do not fold into three")
+        raise ValueError(f"{label}.{family}: the batch dims of {problem} do not fold into three")
     dev = problem.device.provider.index
+    epi = dict(epilogue or {})
     vec_a, vec_b = (g.vec_a, g.vec_b) if not generic else (False, False)
-    fast = _launches(family, problem, cfg, g, dev, vec_a, vec_b)
+    fast = _launches(family, problem, cfg, g, dev, vec_a, vec_b, epi, label)
     if family == "wgmma":  # misaligned bases: the mma kernel's any-stride variant
         assert fallback is not None, "wgmma needs the mma config for misaligned bases"
-        return fast, _launches("mma", problem, fallback, g, dev, False, False)
-    slow = _launches(family, problem, cfg, g, dev, False, False) if (vec_a or vec_b) else None
+        return fast, _launches("mma", problem, fallback, g, dev, False, False, epi, label)
+    slow = _launches(family, problem, cfg, g, dev, False, False, epi, label) if (vec_a or vec_b) else None
     return fast, slow
 
 
 def variant(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, vec_a: bool,
-            vec_b: bool) -> tuple[str, str, dict]:
+            vec_b: bool, epilogue: Mapping[str, int] | None = None) -> tuple[str, str, dict]:
     """(source file, function name, defines) of one compiled variant."""
     defines = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
+    defines.update(epilogue or {})
     defines.update(A_KCONTIG=g.a_kcontig, B_NCONTIG=g.b_ncontig, VEC_A=vec_a, VEC_B=vec_b)
     if family == "simt":
         return "matmul_sgemm.cu", "sgemm", defines
@@ -149,21 +153,23 @@ def variant(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, 
     return "matmul_hgemm.cu", "hgemm", defines
 
 
-def variants_for(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool) -> list[tuple[str, dict]]:
+def variants_for(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool,
+                 epilogue: Mapping[str, int] | None = None) -> list[tuple[str, dict]]:
     """Every (file, defines) a run of this problem may need (to build them ahead, in parallel)."""
     g = geometry(problem, 4 if family == "simt" else 8)
     vec = (g.vec_a, g.vec_b) if not generic else (False, False)
-    out = [variant(family, problem, cfg, g, *vec)]
+    out = [variant(family, problem, cfg, g, *vec, epilogue)]
     if any(vec):
-        out.append(variant(family, problem, cfg, g, False, False))
+        out.append(variant(family, problem, cfg, g, False, False, epilogue))
     return [(f, d) for f, _, d in out]
 
 
 def _launches(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, dev: int,
-              vec_a: bool, vec_b: bool) -> list[Launch]:
-    file, name, defines = variant(family, problem, cfg, g, vec_a, vec_b)
+              vec_a: bool, vec_b: bool, epilogue: Mapping[str, int] | None = None,
+              label: str = "cupy.matmul") -> list[Launch]:
+    file, name, defines = variant(family, problem, cfg, g, vec_a, vec_b, epilogue)
     arch = "90a" if family == "wgmma" else None
-    fn = compile.get_function(file, name, defines, dev, kernel=f"cupy.matmul.{family}", arch=arch)
+    fn = compile.get_function(file, name, defines, dev, kernel=f"{label}.{family}", arch=arch)
     bm, bn = cfg["BM"], cfg["BN"]
     if family == "wgmma":  # warpgroups of 128 threads, 64 rows each; 1 KiB to align the stages
         threads, smem = bm // 64 * 128, cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2 + 1024
@@ -190,28 +196,43 @@ def preparer(family: str, generic: bool, fallback: Mapping[str, Any] | None = No
     """The ``prepare`` of one kernel: compile and plan once, return ``launch(a, b) -> out``."""
 
     def prepare(problem: Problem, config: Mapping[str, Any]) -> Callable[[Any, Any], Any]:
-        import cupy
-
-        fast, slow = plan(family, problem, config, generic, fallback)
-        dev = problem.device.provider.index
-        shape, what = problem.out_shape, f"matmul {problem}"
-        getdev, empty = cupy.cuda.runtime.getDevice, memory.empty
-
-        def launch(a: Any, b: Any) -> Any:
-            if getdev() != dev:
-                with cupy.cuda.Device(dev):
-                    return launch(a, b)
-            # vector loads need 16-byte aligned bases: a view's offset may break that per call
-            launches = slow if slow is not None and (a.data.ptr | b.data.ptr) & 15 else fast
-            out = empty(shape, a.dtype, what)
-            for ln in launches:
-                ln.fn(ln.grid, ln.block, (a, b, out, ln.params), shared_mem=ln.smem)
-            return out
-
-        return launch
+        return launcher(family, problem, config, generic, fallback)
 
     prepare.__name__ = f"prepare_{family}{'_generic' if generic else ''}"
     return prepare
+
+
+def launcher(family: str, problem: Problem, config: Mapping[str, Any], generic: bool,
+             fallback: Mapping[str, Any] | None = None, epilogue: Mapping[str, int] | None = None,
+             label: str = "cupy.matmul") -> Callable[..., Any]:
+    """Compile and plan ``problem`` (a matmul-shaped one) once; ``launch(a, b, bias=None) -> out``.
+    With ``epilogue`` (``BIAS`` / ``ACT`` defines: linear's) the GEMM adds ``bias`` (a 1-D array
+    of N values, made contiguous when it is not) and applies the activation before storing."""
+    import cupy
+
+    fast, slow = plan(family, problem, config, generic, fallback, epilogue, label)
+    dev = problem.device.provider.index
+    shape, what = problem.out_shape, f"{label} {problem}"
+    getdev, empty = cupy.cuda.runtime.getDevice, memory.empty
+
+    def launch(a: Any, b: Any, bias: Any = None) -> Any:
+        if getdev() != dev:
+            with cupy.cuda.Device(dev):
+                return launch(a, b, bias)
+        # vector loads need 16-byte aligned bases: a view's offset may break that per call
+        launches = slow if slow is not None and (a.data.ptr | b.data.ptr) & 15 else fast
+        out = empty(shape, a.dtype, what)
+        if bias is None:
+            for ln in launches:
+                ln.fn(ln.grid, ln.block, (a, b, out, ln.params), shared_mem=ln.smem)
+        else:
+            if bias.strides[0] != bias.itemsize and bias.shape[0] > 1:
+                bias = cupy.ascontiguousarray(bias)
+            for ln in launches:
+                ln.fn(ln.grid, ln.block, (a, b, out, ln.params, bias), shared_mem=ln.smem)
+        return out
+
+    return launch
 
 
 def run_cublas(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:

@@ -12,7 +12,8 @@
 // the other stride to be multiples of 4 and a 16-byte-aligned base: matmul.py checks); 0 loads
 // single elements with arbitrary (even negative or zero) strides. Edges are predicated.
 // Batches: blockIdx.z (+ z0) indexes up to three batch dims (d2 x d1 x d0) with per-operand strides,
-// 0 for a broadcast dim.
+// 0 for a broadcast dim. Epilogue (BIAS, ACT: matmul_common.cuh): bias[n] and the activation
+// applied to each accumulator before it is stored.
 #include "matmul_common.cuh"
 
 #ifndef BM
@@ -142,7 +143,11 @@ __device__ __forceinline__ void stash(float (&s)[BK][ROW + PAD], const float* r,
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 sgemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-      const GemmParams p) {
+      const GemmParams p
+#if BIAS
+      , const float* __restrict__ bias
+#endif
+      ) {
     __shared__ __align__(16) Smem sm;
     const int M = (int)p.M, N = (int)p.N, K = (int)p.K;
     const i64 sam = p.sam, sak = p.sak, sbk = p.sbk, sbn = p.sbn;
@@ -218,6 +223,22 @@ sgemm(const float* __restrict__ A, const float* __restrict__ B, float* __restric
             __syncthreads();
         }
 
+#if HAS_EPILOGUE
+#pragma unroll
+        for (int j = 0; j < TN / 4; ++j) {
+            const int n = n0 + wn0 + j * LN * 4 + ln * 4;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+#if BIAS
+                const float b = n + q < N ? bias[n + q] : 0.0f;
+#else
+                const float b = 0.0f;
+#endif
+#pragma unroll
+                for (int i = 0; i < TM; ++i) acc[i][j * 4 + q] = activate<ACT>(acc[i][j * 4 + q] + b);
+            }
+        }
+#endif
         const bool vec_c = (N & 3) == 0;
 #pragma unroll
         for (int i = 0; i < TM; ++i) {

@@ -9,7 +9,8 @@
 // wgmma is in flight; the stages are laid out in the 128-byte swizzle the descriptors name:
 // A and a k-contiguous B as rows of 64 k values (128 B) with chunk c of row r at c ^ (r % 8);
 // an n-contiguous B as atoms of 64 n values x BK k rows, chunk c of row k at c ^ (k % 8).
-// The output is staged through shared memory for 16-byte stores.
+// The output is staged through shared memory for 16-byte stores. Epilogue (BIAS, ACT:
+// matmul_common.cuh): bias[n] and the activation applied in fp32 before the rounding to 16 bits.
 //
 // Needs -arch=sm_90a (wgmma); for other targets the kernel compiles to a trap (CI builds it).
 // opruntime-arch: sm_90a
@@ -144,7 +145,11 @@ __device__ __forceinline__ void load_b(unsigned s, const bits16* g, i64 sbn, int
 #endif
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
-hgemm_wgmma(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __restrict__ C, const GemmParams p) {
+hgemm_wgmma(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* __restrict__ C, const GemmParams p
+#if BIAS
+            , const bits16* __restrict__ bias
+#endif
+            ) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // descriptors address 1024-byte swizzle atoms: align the stages by hand
@@ -231,6 +236,21 @@ hgemm_wgmma(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* 
     static_assert(BM * CROW * 2 <= STAGES * STAGE_BYTES, "staging fits the stages");
     bits16* cs = reinterpret_cast<bits16*>(smem);
     const int r = wg * 64 + (warp & 3) * 16 + (lane >> 2), c = (lane & 3) * 2;
+#if HAS_EPILOGUE
+    // accumulators 4j, 4j+2 are column 8j + c (rows r, r + 8); 4j+1, 4j+3 column 8j + c + 1
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#if BIAS
+        const float b0 = bias16(bias, n0 + j * 8 + c, N), b1 = bias16(bias, n0 + j * 8 + c + 1, N);
+#else
+        const float b0 = 0.0f, b1 = 0.0f;
+#endif
+        acc[4 * j] = activate<ACT>(acc[4 * j] + b0);
+        acc[4 * j + 1] = activate<ACT>(acc[4 * j + 1] + b1);
+        acc[4 * j + 2] = activate<ACT>(acc[4 * j + 2] + b0);
+        acc[4 * j + 3] = activate<ACT>(acc[4 * j + 3] + b1);
+    }
+#endif
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #if BF16

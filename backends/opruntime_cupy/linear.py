@@ -1,0 +1,307 @@
+"""linear on CUDA: ``x @ weight.T + bias`` and the activation, three ways.
+
+* The own GEMMs of ``matmul.py`` (``simt`` fp32, ``mma`` and Hopper's ``wgmma`` fp16 / bf16,
+  each with its any-stride variant) built with their epilogue (``BIAS``, ``ACT`` of
+  ``matmul_common.cuh``): bias and activation applied in fp32 to the accumulators before the one
+  rounding, so GEMM + bias + activation is one kernel. ``weight`` (N, K) row-major is the GEMM's
+  B (K x N) k-contiguous: the ``B_NCONTIG 0`` layout the kernels already read.
+* ``cublas``: cuBLAS through ``cupy.matmul(x, weight.T)`` (a transposed GEMM, no copy), then ONE
+  fused in-place pass adding the bias and applying the activation (``linear.cu``, 16-byte
+  vectors); the vendor baseline for every activation.
+* ``cublaslt``: cuBLASLt's own epilogues through nvmath-python (``nvmath.linalg.advanced.Matmul``,
+  planned once in ``prepare``): BIAS, RELU_BIAS, GELU_BIAS (and RELU / GELU without a bias).
+  cuBLASLt's GELU is the tanh approximation, so it serves activation None, ``"relu"`` and
+  ``"gelu_tanh"`` only. Absent (``supports`` is False, :func:`nvmath_missing` says why) when
+  nvmath-python is not importable. With a bias the GEMM is run transposed
+  (``weight @ x.T``, the bias along its rows, as cuBLASLt wants it): its column-major result's
+  transpose is the row-major output, with no copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any
+
+from opruntime.kernels import Attrs, Kernel, Problem, itemsize
+
+from . import compile as cc
+from . import matmul as mm
+from . import memory
+from .conv_launch import DTYPE_CODE
+from .epilogue import ACT
+from .matmul_launch import WGMMA_B_DESC, launcher
+
+#: cuBLASLt epilogues by (activation, bias?); gelu (exact, erf) and silu have none
+NVMATH_EPILOG = {(None, True): "BIAS", ("relu", True): "RELU_BIAS", ("gelu_tanh", True): "GELU_BIAS",
+                 ("relu", False): "RELU", ("gelu_tanh", False): "GELU"}
+HOST_NVMATH = 40e-6  # host seconds per call: nvmath's reset_operands + execute (Python)
+EPILOGUE_THREADS = 256
+
+
+def as_matmul(problem: Problem) -> Problem:
+    """The linear problem as the GEMM (M x K) @ (K x N) its kernels run: B is ``weight.T``."""
+    (m, k), (n, _) = problem.shapes[:2]
+    sx, sw = problem.strides[:2]
+    sb = None if sw is None else (sw[1], sw[0])
+    return Problem("matmul", problem.device, ((m, k), (k, n)), problem.dtypes[:2], (sx, sb), Attrs(), (m, n),
+                   problem.dtype)
+
+
+def epilogue_defines(problem: Problem) -> dict[str, int]:
+    """The BIAS / ACT defines of the problem's epilogue (none: a plain GEMM)."""
+    out = {}
+    if problem.attrs["bias"]:
+        out["BIAS"] = 1
+    if problem.attrs["activation"] is not None:
+        out["ACT"] = ACT[problem.attrs["activation"]]
+    return out
+
+
+def _epilogue_seconds(problem: Problem) -> float:
+    """The activation's arithmetic in the GEMM's epilogue: small beside the GEMM, but it ranks a
+    fused epilogue above a plain GEMM plus a pass only by what the pass moves."""
+    return 0.0 if problem.attrs["activation"] is None else 20.0 * math.prod(problem.out_shape) / 60e12
+
+
+# -- the own GEMMs with their epilogue ----------------------------------------------------------
+def _own(family: str, generic: bool, fallback: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    label = "cupy.linear"
+
+    def prepare(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
+        gemm = launcher(family, as_matmul(problem), config, generic, fallback, epilogue_defines(problem), label)
+
+        def launch(x: Any, w: Any, bias: Any = None) -> Any:
+            return gemm(x, w.T, bias)
+
+        return launch
+
+    prepare.__name__ = f"prepare_linear_{family}{'_generic' if generic else ''}"
+    return prepare
+
+
+def _via(fn: Callable[[Problem], Any]) -> Callable[[Problem], Any]:
+    return lambda problem: fn(as_matmul(problem))
+
+
+def _cost(fn: Callable[[Problem, Mapping[str, Any]], float]) -> Callable[[Problem, Mapping[str, Any]], float]:
+    return lambda problem, config: fn(as_matmul(problem), config) + _epilogue_seconds(problem)
+
+
+def _ranked(configs: tuple[dict, ...], cost: Callable[[Problem, Mapping[str, Any]], float]) -> Callable[..., Any]:
+    return lambda problem: sorted(configs, key=lambda c: cost(problem, c))
+
+
+# -- cuBLAS, then one fused bias + activation pass ------------------------------------------------
+def epilogue_pass(problem: Problem, out_shape: tuple[int, ...], inner: int, channels: int, bias: bool,
+                  activation: str | None, label: str) -> Callable[[Any, Any], None]:
+    """``apply(y, b)``: ``y = act(y + b[channel])`` in place, one launch of ``linear.cu``'s
+    ``bias_act`` over the contiguous ``y`` of ``out_shape`` seen as (outer, channels, inner);
+    ``b`` may be None when ``bias`` is False. Shared with conv2d's vendor path."""
+    import cupy
+
+    dev = problem.device.provider.index
+    total = math.prod(out_shape)
+    isz = itemsize(problem.dtype)
+    vec = 16 // isz
+    if not ((inner == 1 and channels % vec == 0) or inner % vec == 0):
+        vec = 1
+    d = {"DTYPE": DTYPE_CODE[problem.dtype], "ACT": ACT[activation], "BIAS": int(bias), "VEC": vec,
+         "IDX": "int" if total < 2**31 - 16 else "long long", "THREADS": EPILOGUE_THREADS}
+    fn = cc.get_function("linear.cu", "bias_act", d, dev, kernel=label)
+    nvec = total // vec
+    grid = max(1, min(-(-nvec // EPILOGUE_THREADS), problem.device.provider.sm_count * 8))
+    fast = cc.FastLaunch(fn, (grid,), (EPILOGUE_THREADS,), pointers=2,
+                         scalars=[ctypes.c_int64(nvec), ctypes.c_int64(inner), ctypes.c_int64(channels)])
+    scalar: list[Any] = []  # a misaligned y (never a fresh array): the scalar build, made when needed
+
+    def apply(y: Any, b: Any) -> None:
+        yp = y.data.ptr
+        if b is not None and not (b.shape[0] == 1 or b.strides[0] == b.itemsize):
+            b = cupy.ascontiguousarray(b)
+        bp = b.data.ptr if b is not None else yp
+        if vec > 1 and yp & 15:
+            if not scalar:
+                f1 = cc.get_function("linear.cu", "bias_act", {**d, "VEC": 1}, dev, kernel=label)
+                g1 = max(1, min(-(-total // EPILOGUE_THREADS), problem.device.provider.sm_count * 8))
+                scalar.append(cc.FastLaunch(f1, (g1,), (EPILOGUE_THREADS,), pointers=2,
+                                            scalars=[ctypes.c_int64(total), ctypes.c_int64(inner),
+                                                     ctypes.c_int64(channels)]))
+            scalar[0](yp, bp)
+        else:
+            fast(yp, bp)
+
+    return apply
+
+
+def prepare_cublas(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
+    """cuBLAS's GEMM, then (with a bias or an activation) one fused in-place pass."""
+    import cupy
+
+    dev = problem.device.provider.index
+    (m, n), act, has_bias = problem.out_shape, problem.attrs["activation"], problem.attrs["bias"]
+    label = "cupy.linear.cublas"
+    apply = epilogue_pass(problem, (m, n), 1, n, has_bias, act, label) if has_bias or act else None
+    getdev, oom = cupy.cuda.runtime.getDevice, cupy.cuda.memory.OutOfMemoryError
+
+    def launch(x: Any, w: Any, bias: Any = None) -> Any:
+        if getdev() != dev:
+            with cupy.cuda.Device(dev):
+                return launch(x, w, bias)
+        try:
+            y = cupy.matmul(x, w.T)
+        except oom as exc:
+            raise memory._oom(f"linear {problem} (cuBLAS)", m * n * x.dtype.itemsize, exc) from exc
+        if apply is not None:
+            apply(y, bias)
+        return y
+
+    return launch
+
+
+def cost_cublas(problem: Problem, config: Mapping[str, Any]) -> float:
+    t = mm.cost_cublas(as_matmul(problem), config)
+    if problem.attrs["bias"] or problem.attrs["activation"] is not None:
+        bw = problem.device.provider.figures()[2]
+        t += 2.0 * math.prod(problem.out_shape) * itemsize(problem.dtype) / bw + mm.GPU_LAUNCH
+    return t
+
+
+def supports_cublas(problem: Problem) -> bool:
+    return mm.supports_cublas(as_matmul(problem))
+
+
+# -- cuBLASLt epilogues through nvmath-python ------------------------------------------------------
+@cache
+def nvmath_missing() -> str:
+    """Why the cuBLASLt kernel is absent ("" when nvmath-python imports)."""
+    try:
+        import nvmath.linalg.advanced  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel absent
+        return f"nvmath-python is not importable ({type(exc).__name__}: {exc}); pip install nvmath-python"
+    return ""
+
+
+def supports_cublaslt(problem: Problem) -> bool:
+    """nvmath importable, and an epilogue cuBLASLt has (its GELU is the tanh approximation)."""
+    act, has_bias = problem.attrs["activation"], problem.attrs["bias"]
+    if act is None and not has_bias:
+        return False  # a plain GEMM: matmul's kernels and cuBLAS serve it
+    return (act, has_bias) in NVMATH_EPILOG and not nvmath_missing() and supports_cublas(problem)
+
+
+def prepare_cublaslt(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
+    """Plan the cuBLASLt matmul with its epilogue once (on stand-in operands of the problem's
+    layout); a call resets the operands to the given arrays and executes."""
+    import cupy
+    from nvmath.linalg.advanced import Matmul, MatmulEpilog
+
+    dev = problem.device.provider.index
+    act, has_bias = problem.attrs["activation"], problem.attrs["bias"]
+    epilog = getattr(MatmulEpilog, NVMATH_EPILOG[(act, has_bias)])
+    (m, k), (n, _) = problem.shapes[:2]
+    dt = memory.bfloat16() if problem.dtype == "bfloat16" else problem.dtype
+    sx, sw = problem.strides[:2]
+
+    def stand_in(shape: tuple[int, int], strides: tuple[int, ...] | None) -> Any:
+        """An array of ``shape`` with the problem's element strides (its layout is part of the plan)."""
+        if strides is None or tuple(strides) == (shape[1], 1):
+            return cupy.zeros(shape, dt)
+        span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, strides))
+        base = cupy.zeros(span, dt)
+        isz = base.itemsize
+        return cupy.lib.stride_tricks.as_strided(base, shape, tuple(st * isz for st in strides))
+
+    with cupy.cuda.Device(dev):
+        x0, w0 = stand_in((m, k), sx), stand_in((n, k), sw)
+        if has_bias:  # D (N x M) = w @ x.T, the bias along D's rows; D is column-major: D.T is row-major
+            mmo = Matmul(w0, x0.T)
+            mmo.plan(epilog=epilog, epilog_inputs={"bias": cupy.zeros((n,), dt)})
+        else:
+            mmo = Matmul(x0, w0.T)
+            mmo.plan(epilog=epilog)
+    getdev = cupy.cuda.runtime.getDevice
+
+    def launch(x: Any, w: Any, bias: Any = None) -> Any:
+        if getdev() != dev:
+            with cupy.cuda.Device(dev):
+                return launch(x, w, bias)
+        if has_bias:
+            if bias.strides[0] != bias.itemsize and n > 1:
+                bias = cupy.ascontiguousarray(bias)
+            mmo.reset_operands(w, x.T, epilog_inputs={"bias": bias})
+            y = mmo.execute().T
+        else:
+            mmo.reset_operands(x, w.T)
+            y = mmo.execute()
+        return y if y.flags.c_contiguous else cupy.ascontiguousarray(y)
+
+    launch.matmul = mmo  # type: ignore[attr-defined]  (kept alive with the launcher)
+    return launch
+
+
+def cost_cublaslt(problem: Problem, config: Mapping[str, Any]) -> float:
+    return max(mm.cost_cublas(as_matmul(problem), config), HOST_NVMATH) + _epilogue_seconds(problem)
+
+
+# -- the table ----------------------------------------------------------------------------------
+def kernels() -> list[Kernel]:
+    """The linear kernels of the CUDA backend."""
+    f32, f16 = frozenset({"float32"}), frozenset({"float16", "bfloat16"})
+    vendor = frozenset({"float16", "bfloat16", "float32", "float64"})
+    sgemm, hgemm = cc.source("matmul_sgemm.cu"), cc.source("matmul_hgemm.cu")
+    wgmma = cc.source("matmul_wgmma.cu") + repr(WGMMA_B_DESC)
+    simt_generic = _cost(lambda p, c: mm.cost_simt(p, c, True))
+    mma_generic = _cost(lambda p, c: mm.cost_mma(p, c, True))
+    simt, mma, wg = _cost(mm.cost_simt), _cost(mm.cost_mma), _cost(mm.cost_wgmma)
+    return [
+        #       op        name                          kind    dtypes  prepare, supports, cost
+        Kernel("linear", "cupy.linear.cublas", "cuda", vendor, prepare=prepare_cublas, supports=supports_cublas,
+               cost=cost_cublas, vendor=True, source="cupy.matmul (cuBLAS) + " + cc.source("linear.cu")),
+        Kernel("linear", "cupy.linear.cublaslt", "cuda", frozenset({"float16", "bfloat16", "float32"}),
+               prepare=prepare_cublaslt, supports=supports_cublaslt, cost=cost_cublaslt, vendor=True,
+               source="nvmath.linalg.advanced.Matmul epilog BIAS / RELU_BIAS / GELU_BIAS / RELU / GELU"),
+        Kernel("linear", "cupy.linear.simt", "cuda", f32, prepare=_own("simt", False), supports=_via(mm.supports_simt),
+               cost=simt, configs=mm.SIMT_CONFIGS, config_for=_ranked(mm.SIMT_CONFIGS, simt), source=sgemm),
+        Kernel("linear", "cupy.linear.simt_generic", "cuda", f32, prepare=_own("simt", True),
+               supports=_via(mm.supports_generic_simt), cost=simt_generic, configs=mm.SIMT_CONFIGS,
+               config_for=_ranked(mm.SIMT_CONFIGS, simt_generic), source=sgemm),
+        Kernel("linear", "cupy.linear.mma", "cuda", f16, prepare=_own("mma", False), supports=_via(mm.supports_mma),
+               cost=mma, configs=mm.MMA_CONFIGS, config_for=_ranked(mm.MMA_CONFIGS, mma), source=hgemm),
+        Kernel("linear", "cupy.linear.mma_generic", "cuda", f16, prepare=_own("mma", True),
+               supports=_via(mm.supports_generic_mma), cost=mma_generic, configs=mm.MMA_CONFIGS,
+               config_for=_ranked(mm.MMA_CONFIGS, mma_generic), source=hgemm),
+        Kernel("linear", "cupy.linear.wgmma", "cuda", f16, prepare=_own("wgmma", False, mm.WGMMA_FALLBACK),
+               supports=_via(mm.supports_wgmma), cost=wg, configs=mm.WGMMA_CONFIGS,
+               config_for=_ranked(mm.WGMMA_CONFIGS, wg), source=wgmma),
+    ]
+
+
+def build_variants() -> list[tuple[str, dict]]:
+    """(file, defines) CI compiles: the epilogue pass in every dtype and activation (vector and
+    scalar), and the GEMMs with their epilogue: every activation with a bias on each kernel's
+    linear layout (B k-contiguous: weight (N, K) row-major), and the any-stride variants."""
+    out = []
+    for dt, code in DTYPE_CODE.items():
+        for act in (None, "relu", "gelu", "gelu_tanh", "silu"):
+            out.append(("linear.cu", {"DTYPE": code, "ACT": ACT[act], "BIAS": 1, "VEC": 16 // itemsize(dt),
+                                      "IDX": "int", "THREADS": EPILOGUE_THREADS}))
+        out.append(("linear.cu", {"DTYPE": code, "ACT": ACT["gelu"], "BIAS": 0, "VEC": 1, "IDX": "long long",
+                                  "THREADS": EPILOGUE_THREADS}))
+    strip = ("tile", "occ", "eff")
+    for file, cfg, extra in (("matmul_sgemm.cu", mm.SIMT_CONFIGS[0], {}),
+                             ("matmul_hgemm.cu", mm.MMA_CONFIGS[0], {"BF16": 0}),
+                             ("matmul_hgemm.cu", mm.MMA_CONFIGS[0], {"BF16": 1})):
+        base = {k: v for k, v in cfg.items() if k not in strip}
+        for act in (None, "relu", "gelu", "gelu_tanh", "silu"):
+            out.append((file, {**base, **extra, "A_KCONTIG": 1, "B_NCONTIG": 0, "VEC_A": 1, "VEC_B": 1, "BIAS": 1,
+                               "ACT": ACT[act]}))
+        out.append((file, {**base, **extra, "A_KCONTIG": 1, "B_NCONTIG": 0, "VEC_A": 0, "VEC_B": 0, "ACT": ACT["gelu"]}))
+    for cfg in mm.WGMMA_CONFIGS:
+        base = {k: v for k, v in cfg.items() if k not in strip}
+        for bf, act in ((0, "gelu"), (0, "gelu_tanh"), (1, "relu"), (0, None)):
+            out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": 0, "BF16": bf, "BIAS": 1, "ACT": ACT[act],
+                                            **WGMMA_B_DESC}))
+    return out
