@@ -22,11 +22,10 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from opruntime.kernels import Kernel, Problem, c_strides, itemsize
-from opruntime.ops.elementwise import BINARY_OPS, UNARY_OPS, activation
+from opruntime.kernels import Kernel, Problem, itemsize
+from opruntime.ops.elementwise import BINARY_OPS, MAX_DIMS, UNARY_OPS, Layout, activation, layout
 
 from . import compile as cc
 from .epilogue import ACT
@@ -39,7 +38,6 @@ SOURCE = "elementwise.cu"
 OP_CODE: dict[str | None, int] = {None: 0, "add": 1, "sub": 2, "mul": 3, "div": 4, "neg": 5}
 KIND = {"vector": 1, "broadcast": 2, "strided": 3}
 ENTRY = {"vector": "ew_contig", "broadcast": "ew_bcast", "strided": "ew_strided"}
-MAX_DIMS = 6
 #: threads per block, and resident blocks per SM the grid is sized to (a grid-stride loop)
 CONFIGS: tuple[dict[str, int], ...] = (dict(THREADS=256, WAVES=8), dict(THREADS=512, WAVES=4),
                                        dict(THREADS=128, WAVES=16))
@@ -64,69 +62,6 @@ def kernels() -> list[Kernel]:
 
 
 # -- layout -------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Layout:
-    """How the operands are read. ``path`` is ``"vector"``, ``"broadcast"`` or ``"strided"``.
-
-    broadcast: ``full`` is the index of the C-contiguous operand, the other's element for output
-    element ``i`` is ``(i // div) % mod``. strided: ``dims`` (at most 6) and each operand's
-    element ``strides`` over them (0 where it repeats); ``fits`` is False when more than 6 dims
-    remain (the launcher then makes contiguous copies first).
-    """
-
-    path: str
-    n: int
-    full: int = 0
-    div: int = 1
-    mod: int = 1
-    dims: tuple[int, ...] = ()
-    strides: tuple[tuple[int, ...], ...] = ()
-    fits: bool = True
-
-
-def layout(shapes: Sequence[tuple[int, ...]], strides: Sequence[tuple[int, ...] | None],
-           out_shape: tuple[int, ...]) -> Layout:
-    """The path and its parameters for operands of ``shapes`` / element ``strides`` broadcast to
-    ``out_shape``."""
-    nd, n = len(out_shape), math.prod(out_shape)
-    keep = [i for i in range(nd) if out_shape[i] > 1]  # size-1 output dims say nothing
-    dims = [out_shape[i] for i in keep]
-    ops = []
-    for shape, st in zip(shapes, strides):
-        pad = nd - len(shape)
-        sh = (1,) * pad + tuple(shape)
-        st = (0,) * pad + tuple(c_strides(shape) if st is None else st)
-        ops.append([0 if sh[i] == 1 else st[i] for i in keep])  # repeated dims read with stride 0
-    cs = list(c_strides(dims))
-    full = [s == cs for s in ops]
-    if all(full):
-        return Layout("vector", n)
-    if len(ops) == 2 and any(full):
-        f = full.index(True)
-        g = ops[1 - f]
-        present = [i for i, s in enumerate(g) if s != 0]
-        p, q = (present[0], present[-1] + 1) if present else (len(dims), len(dims))
-        if present == list(range(p, q)) and g[p:q] == list(c_strides(dims[p:q])):
-            return Layout("broadcast", n, full=f, div=math.prod(dims[q:]), mod=math.prod(dims[p:q]))
-    # strided: merge a dim into its inner neighbour where every operand allows it
-    merged_dims, merged = [], [[] for _ in ops]
-    for i, d in enumerate(dims):
-        if merged_dims and all(m[-1] == s[i] * d for m, s in zip(merged, ops)):
-            merged_dims[-1] *= d
-            for m, s in zip(merged, ops):
-                m[-1] = s[i]
-        else:
-            merged_dims.append(d)
-            for m, s in zip(merged, ops):
-                m.append(s[i])
-    fits = len(merged_dims) <= MAX_DIMS
-    if not fits:
-        return Layout("strided", n, fits=False)
-    pad = MAX_DIMS - len(merged_dims)
-    return Layout("strided", n, dims=(1,) * pad + tuple(merged_dims),
-                  strides=tuple((0,) * pad + tuple(m) for m in merged), fits=True)
-
 
 def _layout(problem: Problem) -> Layout:
     return layout(problem.shapes, problem.strides, problem.out_shape)
@@ -202,7 +137,7 @@ def prepare_elementwise(op: str | None, act: str | None, dtype: str, shapes: Seq
     import cupy
 
     config = dict(config or CONFIGS[0])
-    lay = layout(shapes, strides, out_shape)
+    lay = layout(shapes, strides, out_shape, strided=path == "strided")
     path = path or lay.path
     arity = len(shapes)
     if path == "strided" and not lay.fits:  # more than 6 dims after merging: contiguous copies first

@@ -4,8 +4,8 @@
 // 5 sigmoid, 6 tanh). NaN stays NaN through every one.
 #pragma once
 
-__device__ __forceinline__ float m_erf(float v) { return erff(v); }
-__device__ __forceinline__ double m_erf(double v) { return erf(v); }
+__device__ __forceinline__ float m_erfc(float v) { return erfcf(v); }
+__device__ __forceinline__ double m_erfc(double v) { return erfc(v); }
 __device__ __forceinline__ float m_tanh(float v) { return tanhf(v); }
 __device__ __forceinline__ double m_tanh(double v) { return tanh(v); }
 __device__ __forceinline__ float m_exp(float v) { return __expf(v); }
@@ -16,9 +16,12 @@ __device__ __forceinline__ F activate(F v) {
     if constexpr (A == 1) {
         return (v > F(0) || v != v) ? v : F(0);
     } else if constexpr (A == 2) {
-        return F(0.5) * v * (F(1) + m_erf(v * F(0.70710678118654752440)));
+        // 0.5 v (1 + erf(v / sqrt 2)) as 0.5 v erfc(-v / sqrt 2): no cancellation for negative v
+        return F(0.5) * v * m_erfc(v * F(-0.70710678118654752440));
     } else if constexpr (A == 3) {
-        return F(0.5) * v * (F(1) + m_tanh(F(0.79788456080286535588) * (v + F(0.044715) * v * v * v)));
+        // 0.5 v (1 + tanh u) as v / (1 + exp(-2u)), u = sqrt(2 / pi) (v + 0.044715 v^3): the same
+        // without cancellation for negative v
+        return v / (F(1) + m_exp(F(-1.5957691216057307118) * (v + F(0.044715) * v * v * v)));
     } else if constexpr (A == 4) {
         return v / (F(1) + m_exp(-v));
     } else if constexpr (A == 5) {

@@ -14,8 +14,10 @@ def activate(name: str | None, y: Any) -> Any:
         return y
     if name == "relu":
         return jax.nn.relu(y)
-    if name in ("gelu", "gelu_tanh"):
-        return jax.nn.gelu(y, approximate=name == "gelu_tanh")
+    if name == "gelu":  # 0.5 x erfc(-x / sqrt 2) in jax.nn
+        return jax.nn.gelu(y, approximate=False)
+    if name == "gelu_tanh":  # x sigmoid(2u) = 0.5 x (1 + tanh u), without jax.nn's 1 + tanh cancellation
+        return y * jax.nn.sigmoid(1.5957691216057307118 * (y + 0.044715 * y * y * y))
     if name == "silu":
         return jax.nn.silu(y)
     if name == "sigmoid":

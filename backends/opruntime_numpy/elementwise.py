@@ -33,7 +33,7 @@ def unary(problem: Problem, config: Any, x: np.ndarray) -> np.ndarray:
     if problem.op == "relu":  # exact in any dtype: no widening
         return np.maximum(x, x.dtype.type(0), out=np.empty(x.shape, x.dtype))
     y = np.array(x, np.float32 if x.dtype is F16 else x.dtype, order="C", copy=True)
-    activate(activation(problem), y)
+    activate(activation(problem), y.reshape(-1))  # 1-d: on a 0-d array NumPy's ufuncs give scalars
     return y if y.dtype == x.dtype else y.astype(x.dtype)
 
 

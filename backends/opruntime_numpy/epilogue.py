@@ -6,7 +6,7 @@ temporary of ``y``'s size). NaN stays NaN."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import erf
+from scipy.special import erfc
 
 
 def activate(name: str | None, y: np.ndarray) -> np.ndarray:
@@ -15,21 +15,20 @@ def activate(name: str | None, y: np.ndarray) -> np.ndarray:
         return y
     if name == "relu":
         np.maximum(y, y.dtype.type(0), out=y)  # maximum keeps NaN
-    elif name == "gelu":
-        t = erf(y * y.dtype.type(0.70710678118654752440))
-        t += 1
+    elif name == "gelu":  # 0.5 x erfc(-x / sqrt 2): 1 + erf would cancel for negative x
+        t = erfc(y * y.dtype.type(-0.70710678118654752440))
         y *= t
         y *= y.dtype.type(0.5)
-    elif name == "gelu_tanh":
+    elif name == "gelu_tanh":  # x / (1 + exp(-2u)) = 0.5 x (1 + tanh u), without the cancellation
         t = y * y
         t *= y.dtype.type(0.044715)
         t += 1
         t *= y
-        t *= y.dtype.type(0.79788456080286535588)
-        np.tanh(t, out=t)
+        t *= y.dtype.type(-1.5957691216057307118)  # -2 sqrt(2 / pi)
+        with np.errstate(over="ignore"):
+            np.exp(t, out=t)
         t += 1
-        y *= t
-        y *= y.dtype.type(0.5)
+        y /= t
     elif name in ("silu", "sigmoid"):
         t = np.negative(y)
         with np.errstate(over="ignore"):

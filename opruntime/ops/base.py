@@ -40,11 +40,14 @@ FLOAT_ORDER = ("float16", "bfloat16", "float32", "float64")
 
 #: The activations an epilogue (``linear``'s and ``conv2d``'s ``activation=``) or an elementwise
 #: operator applies, as float64 references. Backends map the same names to their code
-#: (``epilogue.cuh`` / ``epilogue.cl`` / ``epilogue.py`` of each backend).
+#: (``epilogue.cuh`` / ``epilogue.cl`` / ``epilogue.py`` of each backend). Both GELUs are written
+#: without cancellation for negative x: ``1 + erf(t)`` as ``erfc(-t)``, ``0.5 (1 + tanh(u))`` as
+#: ``1 / (1 + exp(-2u))`` (the same functions; at x = -5 the textbook forms lose all digits of a
+#: float32 result but one and 6 of a float64 one).
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": lambda x: np.where(np.isnan(x), x, np.maximum(x, 0.0)),
-    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
-    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+    "gelu": lambda x: 0.5 * x * _erfc(-x / math.sqrt(2.0)),
+    "gelu_tanh": lambda x: x / (1.0 + np.exp(-2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
     "silu": lambda x: x / (1.0 + np.exp(-x)),
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
     "tanh": np.tanh,
@@ -53,10 +56,10 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 EPILOGUES = ("relu", "gelu", "gelu_tanh", "silu")
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf
+def _erfc(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erfc
 
-    return erf(x)
+    return erfc(x)
 
 
 def activation_attr(op: str, value: Any) -> str | None:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import AttributeValueError, DtypeError, ShapeError, UnknownAttributeError
-from ..kernels import Attrs, Problem
+from ..kernels import Attrs, Problem, c_strides
 from ..tensor import Tensor
 from .base import ACTIVATIONS, Case, Normalized, Operator
 
@@ -43,6 +44,76 @@ def activation(problem: Problem) -> str | None:
     if problem.op == "gelu":
         return "gelu_tanh" if problem.attrs.get("approximate") == "tanh" else "gelu"
     return problem.op
+
+
+# -- how kernels read the operands (shared by the backends' elementwise families) --------------------
+
+#: the most dims the strided kernels index (after merging the dims every operand allows)
+MAX_DIMS = 6
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the operands are read. ``path`` is ``"vector"``, ``"broadcast"`` or ``"strided"``.
+
+    broadcast: ``full`` is the index of the C-contiguous operand, the other's element for output
+    element ``i`` is ``(i // div) % mod``. strided: ``dims`` (at most 6) and each operand's
+    element ``strides`` over them (0 where it repeats); ``fits`` is False when more than 6 dims
+    remain (the launcher then makes contiguous copies first).
+    """
+
+    path: str
+    n: int
+    full: int = 0
+    div: int = 1
+    mod: int = 1
+    dims: tuple[int, ...] = ()
+    strides: tuple[tuple[int, ...], ...] = ()
+    fits: bool = True
+
+
+def layout(shapes: Sequence[tuple[int, ...]], strides: Sequence[tuple[int, ...] | None],
+           out_shape: tuple[int, ...], *, strided: bool = False) -> Layout:
+    """The path and its parameters for operands of ``shapes`` / element ``strides`` broadcast to
+    ``out_shape``: the fastest that applies, or with ``strided`` the strided form (which every
+    layout has)."""
+    nd, n = len(out_shape), math.prod(out_shape)
+    keep = [i for i in range(nd) if out_shape[i] > 1]  # size-1 output dims say nothing
+    dims = [out_shape[i] for i in keep]
+    ops = []
+    for shape, st in zip(shapes, strides):
+        pad = nd - len(shape)
+        sh = (1,) * pad + tuple(shape)
+        st = (0,) * pad + tuple(c_strides(shape) if st is None else st)
+        ops.append([0 if sh[i] == 1 else st[i] for i in keep])  # repeated dims read with stride 0
+    cs = list(c_strides(dims))
+    full = [s == cs for s in ops]
+    if all(full) and not strided:
+        return Layout("vector", n)
+    if len(ops) == 2 and any(full) and not strided:
+        f = full.index(True)
+        g = ops[1 - f]
+        present = [i for i, s in enumerate(g) if s != 0]
+        p, q = (present[0], present[-1] + 1) if present else (len(dims), len(dims))
+        if present == list(range(p, q)) and g[p:q] == list(c_strides(dims[p:q])):
+            return Layout("broadcast", n, full=f, div=math.prod(dims[q:]), mod=math.prod(dims[p:q]))
+    # strided: merge a dim into its inner neighbour where every operand allows it
+    merged_dims, merged = [], [[] for _ in ops]
+    for i, d in enumerate(dims):
+        if merged_dims and all(m[-1] == s[i] * d for m, s in zip(merged, ops)):
+            merged_dims[-1] *= d
+            for m, s in zip(merged, ops):
+                m[-1] = s[i]
+        else:
+            merged_dims.append(d)
+            for m, s in zip(merged, ops):
+                m.append(s[i])
+    fits = len(merged_dims) <= MAX_DIMS
+    if not fits:
+        return Layout("strided", n, fits=False)
+    pad = MAX_DIMS - len(merged_dims)
+    return Layout("strided", n, dims=(1,) * pad + tuple(merged_dims),
+                  strides=tuple((0,) * pad + tuple(m) for m in merged), fits=True)
 
 
 # -- binary -------------------------------------------------------------------------------------------
@@ -167,19 +238,24 @@ DIV = Binary("div", "div", "Div", lambda a, b: a / b)
 
 # -- unary --------------------------------------------------------------------------------------------
 
-def _u(shape: tuple[int, ...], views: tuple[str | None, ...] = (), dtype: str = "float32", **attrs: Any) -> Case:
-    return Case((shape,), attrs, dtype, views, scale=3.0)
+def _u(shape: tuple[int, ...], views: tuple[str | None, ...] = (), dtype: str = "float32", scale: float = 2.0,
+       **attrs: Any) -> Case:
+    return Case((shape,), attrs, dtype, views, scale=scale)
 
 
-def _unary_cases(**attrs: Any) -> list[Case]:
-    """0-D, size-1 and odd sizes, lengths past any vector width, and strided views."""
-    return [_u((), **attrs), _u((1,), **attrs), _u((7,), **attrs), _u((3, 5), **attrs), _u((2, 3, 1, 5), **attrs),
-            _u((1031,), **attrs), _u((33, 65), **attrs), _u((24, 40), ("T",), **attrs),
-            _u((6, 40), ("slice",), **attrs)]
+def _unary_cases(scale: float = 2.0, **attrs: Any) -> list[Case]:
+    """0-D, size-1 and odd sizes, lengths past any vector width, and strided views. Values of
+    standard deviation 2 reach the activations' tails (tanh, sigmoid saturated)."""
+    return [_u((), scale=scale, **attrs), _u((1,), scale=scale, **attrs), _u((7,), scale=scale, **attrs),
+            _u((3, 5), scale=scale, **attrs), _u((2, 3, 1, 5), scale=scale, **attrs), _u((1031,), scale=scale, **attrs),
+            _u((33, 65), scale=scale, **attrs), _u((24, 40), ("T",), scale=scale, **attrs),
+            _u((6, 40), ("slice",), scale=scale, **attrs)]
 
 
+#: both approximations, alternating. Standard deviation 1: gelu(x) for x below -4.5 is below
+#: float16's normal range (a one-element case would then be judged on a subnormal's few bits).
 GELU_CASES = [c if i % 2 else Case(c.shapes, {"approximate": "tanh"}, c.dtype, c.views, c.scale)
-              for i, c in enumerate(_unary_cases(approximate="none"))]
+              for i, c in enumerate(_unary_cases(scale=1.0, approximate="none"))]
 
 
 class Unary(Operator):

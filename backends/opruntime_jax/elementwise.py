@@ -1,0 +1,43 @@
+"""The elementwise family on JAX devices: ``add``/``sub``/``mul``/``div`` as ``jax.numpy``
+arithmetic (NumPy broadcasting), ``neg``, and the activations through this backend's
+``epilogue.activate``, each one jitted function that XLA fuses into one kernel. float16 and
+bfloat16 activations are computed in float32 inside it (one rounding, no extra memory traffic)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from opruntime.kernels import Kernel, Problem
+from opruntime.ops.elementwise import BINARY_OPS, UNARY_OPS, activation
+
+from .compile import JitKernel, device_cost, io_bytes
+from .epilogue import activate
+from .matmul import FLOATS
+
+
+def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
+    import jax.numpy as jnp
+
+    op = problem.op
+    if op in BINARY_OPS:
+        return {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide}[op]
+    if op == "neg":
+        return jnp.negative
+    if op == "relu":  # exact in any dtype
+        return lambda x: activate("relu", x)
+    act = activation(problem)
+    if problem.dtype in ("float16", "bfloat16"):
+        return lambda x: activate(act, x.astype(jnp.float32)).astype(x.dtype)
+    return lambda x: activate(act, x)
+
+
+def xla_cost(problem: Problem, config: Any) -> float:
+    return device_cost(problem, float(math.prod(problem.out_shape)), io_bytes(problem), byte_eff=0.9)
+
+
+def kernels() -> list[Kernel]:
+    return [Kernel(op, f"jax.{op}.xla", "jax", FLOATS, prepare=JitKernel(f"jax.{op}.xla", build_xla).prepare,
+                   cost=xla_cost, vendor=True, source="jax.numpy / opruntime_jax.epilogue.activate")
+            for op in (*BINARY_OPS, *UNARY_OPS)]
