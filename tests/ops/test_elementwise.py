@@ -228,3 +228,41 @@ def test_cuda_binary_act_is_one_launch_in_place(act, rng):
     if act:
         ref = opr.ops.base.ACTIVATIONS[act](ref)
     assert fresh.shape == (96, 64) and rel_err(cupy.asnumpy(fresh), ref) <= TOLERANCE["float32"]
+
+
+class _StandIn:
+    """What the CUDA kernels read of a device (an H100's figures), for ranking without a GPU."""
+
+    name, kind = "stand-in", "cuda"
+
+    class provider:  # noqa: N801 - the attribute kernels read
+        index, sm_count = 0, 132
+
+        @staticmethod
+        def figures():
+            from opruntime_cupy import memory
+
+            return memory.figures_for("NVIDIA H100 80GB HBM3", 132)
+
+
+@pytest.mark.parametrize("shapes,strides,want", [
+    (((64, 33), (64, 33)), ((33, 1), (33, 1)), "vector"),
+    (((64, 33), (33,)), ((33, 1), (1,)), "broadcast"),
+    (((2, 8, 4, 4), (8, 1, 1)), ((128, 16, 4, 1), (1, 1, 1)), "broadcast"),
+    (((64, 33), ()), ((33, 1), ()), "broadcast"),
+    (((33, 64), (33, 64)), ((1, 33), (64, 1)), "strided"),
+    (((3, 1, 5), (4, 5)), ((5, 5, 1), (5, 1)), "strided"),
+])
+def test_cuda_kernels_rank_the_paths(shapes, strides, want):
+    pytest.importorskip("opruntime_cupy")
+    from opruntime_cupy import elementwise
+
+    from opruntime.kernels import Problem
+    from opruntime.ops.elementwise import broadcast_shape
+
+    out = broadcast_shape("sub", *shapes)
+    problem = Problem("sub", _StandIn(), shapes, ("float32", "float32"), strides, out_shape=out, out_dtype="float32")
+    usable = [k for k in elementwise.kernels() if k.op == "sub" and k.supports(problem)]
+    best = min(usable, key=lambda k: k.estimate(problem, k.configs[0]))
+    assert best.name == f"cupy.sub.{want}"
+    assert "cupy.sub.strided" in [k.name for k in usable]  # takes every layout
