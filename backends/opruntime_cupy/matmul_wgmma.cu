@@ -232,25 +232,54 @@ hgemm_wgmma(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* 
     // Epilogue: accumulator i of a thread is row 16 * (warp % 4) + lane / 4 (+8 for i % 4 >= 2)
     // of its warpgroup's 64, column 8 * (i / 4) + 2 * (lane % 4) + i % 2; staged through shared
     // memory (rows padded by 8 values) and written as 16-byte row pieces.
+#if HAS_EPILOGUE
+    // With bias / activation the accumulators are staged as fp32 and the epilogue runs on the
+    // way out, 8 values per thread at a time: applied to the 128 live accumulators it spilled
+    // (erf's temporaries on top of them: 412 B with gelu at 128x256).
+    constexpr int FROW = BN + 8;
+    static_assert(BM * FROW * 4 <= STAGES * STAGE_BYTES, "fp32 staging fits the stages");
+    float* fs = reinterpret_cast<float*>(smem);
+    {
+        const int r = wg * 64 + (warp & 3) * 16 + (lane >> 2), c = (lane & 3) * 2;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            *reinterpret_cast<float2*>(fs + r * FROW + j * 8 + c) = make_float2(acc[4 * j], acc[4 * j + 1]);
+            *reinterpret_cast<float2*>(fs + (r + 8) * FROW + j * 8 + c) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+        }
+    }
+    __syncthreads();
+    const bool vec = (N & 7) == 0;
+    constexpr int CPR = BN / 8;
+#pragma unroll 2
+    for (int it = 0; it < BM * CPR / NT; ++it) {
+        const int idx = it * NT + tid, row = idx / CPR, ch = idx % CPR;
+        const int m = m0 + row, n = n0 + ch * 8;
+        if (m >= M || n >= N) continue;
+        const float4 lo = *reinterpret_cast<const float4*>(fs + row * FROW + ch * 8);
+        const float4 hi = *reinterpret_cast<const float4*>(fs + row * FROW + ch * 8 + 4);
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+#if BIAS
+            v[q] += bias16(bias, n + q, N);
+#endif
+            v[q] = activate<ACT>(v[q]);
+        }
+        uint4 o;
+#if BF16
+        o.x = pack_bf16x2(v[0], v[1]); o.y = pack_bf16x2(v[2], v[3]);
+        o.z = pack_bf16x2(v[4], v[5]); o.w = pack_bf16x2(v[6], v[7]);
+#else
+        o.x = pack_f16x2(v[0], v[1]); o.y = pack_f16x2(v[2], v[3]);
+        o.z = pack_f16x2(v[4], v[5]); o.w = pack_f16x2(v[6], v[7]);
+#endif
+        store8_16bit(Cb + (i64)m * N + n, o, n, N, vec);
+    }
+#else
     constexpr int CROW = BN + 8;
     static_assert(BM * CROW * 2 <= STAGES * STAGE_BYTES, "staging fits the stages");
     bits16* cs = reinterpret_cast<bits16*>(smem);
     const int r = wg * 64 + (warp & 3) * 16 + (lane >> 2), c = (lane & 3) * 2;
-#if HAS_EPILOGUE
-    // accumulators 4j, 4j+2 are column 8j + c (rows r, r + 8); 4j+1, 4j+3 column 8j + c + 1
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-#if BIAS
-        const float b0 = bias16(bias, n0 + j * 8 + c, N), b1 = bias16(bias, n0 + j * 8 + c + 1, N);
-#else
-        const float b0 = 0.0f, b1 = 0.0f;
-#endif
-        acc[4 * j] = activate<ACT>(acc[4 * j] + b0);
-        acc[4 * j + 1] = activate<ACT>(acc[4 * j + 1] + b1);
-        acc[4 * j + 2] = activate<ACT>(acc[4 * j + 2] + b0);
-        acc[4 * j + 3] = activate<ACT>(acc[4 * j + 3] + b1);
-    }
-#endif
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #if BF16
@@ -272,6 +301,7 @@ hgemm_wgmma(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* 
         const uint4 v = *reinterpret_cast<const uint4*>(cs + row * CROW + ch * 8);
         store8_16bit(Cb + (i64)m * N + n, v, n, N, vec);
     }
+#endif  // HAS_EPILOGUE
 #else
     __trap();  // built for a target without wgmma: matmul.py never launches this
 #endif
