@@ -112,16 +112,17 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
         datas = [d if d.dtype == dtype else prov.astype(d, dtype) for d in placed]
         tensors = [Tensor._wrap(d, device) for d in datas]
         public = FUNCTIONS[case.op]  # what users call
+        named = dict(zip(op.operands, tensors))  # operands by name: layer_norm's weight follows normalized_shape
         last: list[Any] = [None]  # each contender waits for its own last result, as the peers do
 
         def wait_last() -> None:
             prov.wait(last[0])
 
         def ours() -> None:
-            last[0] = public(*tensors, **attrs).data
+            last[0] = public(**named, **attrs).data
 
         contenders: dict[str, Timed] = {"opruntime": (ours, wait_last)}
-        first = prov.to_host(public(*tensors, **attrs).data)  # plans (and tunes, when asked) before timing
+        first = prov.to_host(public(**named, **attrs).data)  # plans (and tunes, when asked) before timing
         plan = op.plan(datas, device, attrs, settings())
         problem = plan.problem
         views = [d.reshape(s) for d, s in zip(datas, plan.views)]
@@ -160,7 +161,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
             res.candidates[name.partition(":")[2]] = math.nan
     if len(res.vs_chosen) > 1:
         res.selection_gap = max(0.0, 1 / min(res.vs_chosen.values()) - 1)
-    res.error = check_result(op, case, host, res.flops, first, prov.to_host(public(*tensors, **attrs).data))
+    res.error = check_result(op, case, host, res.flops, first, prov.to_host(public(**named, **attrs).data))
     res.select_s = select_time(op, tensors, attrs, repeats)
     res.unit, work = RATES[op.bound]
     res.rate = getattr(res, work) / res.time_s / 1e9
