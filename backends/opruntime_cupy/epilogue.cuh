@@ -4,8 +4,27 @@
 // 5 sigmoid, 6 tanh). NaN stays NaN through every one.
 #pragma once
 
-__device__ __forceinline__ float m_erfc(float v) { return erfcf(v); }
-__device__ __forceinline__ double m_erfc(double v) { return erfc(v); }
+// Phi(v) = 0.5 erfc(-v / sqrt 2), the normal CDF, without the cancellation of 0.5 (1 + erf) for
+// negative v. float: erfc(|v| / sqrt 2) by the rational fit of Numerical Recipes' erfcc (relative
+// error < 1.2e-7; ~20 instructions where CUDA's erfcf takes ~75, which would make a float16 GELU
+// compute-bound on an H100), reflected for v > 0. NaN stays NaN; Phi(-inf) = 0, Phi(inf) = 1.
+__device__ __forceinline__ float m_phi(float v) {
+    const float z = fabsf(v) * 0.70710678118654752440f;
+    const float t = __frcp_rn(fmaf(0.5f, z, 1.0f));
+    float p = 0.17087277f;
+    p = fmaf(p, t, -0.82215223f);
+    p = fmaf(p, t, 1.48851587f);
+    p = fmaf(p, t, -1.13520398f);
+    p = fmaf(p, t, 0.27886807f);
+    p = fmaf(p, t, -0.18628806f);
+    p = fmaf(p, t, 0.09678418f);
+    p = fmaf(p, t, 0.37409196f);
+    p = fmaf(p, t, 1.00002368f);
+    p = fmaf(p, t, -1.26551223f);
+    const float e = t * expf(fmaf(-z, z, p));  // erfc(z)
+    return v < 0.0f ? 0.5f * e : fmaf(-0.5f, e, 1.0f);
+}
+__device__ __forceinline__ double m_phi(double v) { return 0.5 * erfc(v * -0.70710678118654752440); }
 __device__ __forceinline__ float m_tanh(float v) { return tanhf(v); }
 __device__ __forceinline__ double m_tanh(double v) { return tanh(v); }
 __device__ __forceinline__ float m_exp(float v) { return __expf(v); }
@@ -16,8 +35,8 @@ __device__ __forceinline__ F activate(F v) {
     if constexpr (A == 1) {
         return (v > F(0) || v != v) ? v : F(0);
     } else if constexpr (A == 2) {
-        // 0.5 v (1 + erf(v / sqrt 2)) as 0.5 v erfc(-v / sqrt 2): no cancellation for negative v
-        return F(0.5) * v * m_erfc(v * F(-0.70710678118654752440));
+        // 0.5 v (1 + erf(v / sqrt 2)) = v Phi(v), Phi without cancellation for negative v
+        return v * m_phi(v);
     } else if constexpr (A == 3) {
         // 0.5 v (1 + tanh u) as v / (1 + exp(-2u)), u = sqrt(2 / pi) (v + 0.044715 v^3): the same
         // without cancellation for negative v
