@@ -52,10 +52,10 @@ except ImportError:  # pragma: no cover - the message says what to do
 
 #: the largest relative error (max abs error / max abs reference) of the logits accepted against
 #: PyTorch float32: float32 as the issue asks; float16 rounds the weights and every activation to 11
-#: bits, 88 times on the way (53 convolutions, 16 residual adds, ...). Simulated (float32 arithmetic,
-#: every operand and result rounded to float16) the logits' error is 0.9e-2 at 224x224 and 3-4e-2 at
-#: 64x64, where the final average pools 4 positions, not 49; a wrong kernel gives errors near 1.
-TOLERANCE = {"float32": 1e-3, "float16": 5e-2}
+#: bits, 88 times on the way (53 convolutions, 16 residual adds, ...): simulated (float32 arithmetic,
+#: every operand and result rounded to float16; three seeds) the logits' error is 1.6e-3 at 224x224
+#: and 3-5e-3 at 32x32 and 64x64 (fewer positions averaged by the final pool)
+TOLERANCE = {"float32": 1e-3, "float16": 2e-2}
 
 
 # -- torchvision's ResNet-50, for machines where torchvision does not import ----------------------
@@ -146,18 +146,24 @@ def torch_resnet50() -> nn.Module:
 def calibrate(module: nn.Module, seed: int = 0, batch: int = 4, size: int = 48) -> nn.Module:
     """Random batch-norm affine parameters, and running statistics measured on one random batch
     (the module is left in eval mode). At 48x48 the last stage still sees 2x2 positions per image:
-    16 values per channel."""
+    16 values per channel.
+
+    As in trained ResNets, the last batch norm of each residual branch (``bn3``) scales down
+    (weights in [0.1, 0.4]; the others in [0.5, 1.5]), so that the residual stream does not grow
+    block after block (with weights near 1 it reaches ~100 in layer4, and float16 loses 4e-2 of
+    the logits on the way)."""
     gen = torch.Generator().manual_seed(seed)
-    norms = [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
+    norms = {name: m for name, m in module.named_modules() if isinstance(m, nn.BatchNorm2d)}
     with torch.no_grad():
-        for bn in norms:
-            bn.weight.copy_(torch.rand(bn.num_features, generator=gen) + 0.5)  # U(0.5, 1.5)
+        for name, bn in norms.items():
+            low, high = (0.1, 0.4) if name.endswith("bn3") else (0.5, 1.5)
+            bn.weight.copy_(low + (high - low) * torch.rand(bn.num_features, generator=gen))
             bn.bias.copy_(0.1 * torch.randn(bn.num_features, generator=gen))
             bn.reset_running_stats()
             bn.momentum = None  # a cumulative average: after one batch, that batch's statistics
         module.train()
         module(torch.randn(batch, 3, size, size, generator=gen))
-    for bn in norms:
+    for bn in norms.values():
         bn.momentum = 0.1
     return module.eval()
 

@@ -161,3 +161,14 @@ def test_models_bench_quick(tmp_path: Path) -> None:
     for r in results.values():
         assert not r["error"] and r["time_s"] > 0 and r["flops"] > 0 and r["unit"] == "GFLOP/s"
         assert r["kernel"].endswith("operator calls") and r["ratios"]["torch"] > 0
+
+
+@pytest.mark.gpu
+def test_models_bench_quick_on_cuda() -> None:
+    """The suite's GPU path: float16, torch eager on the CUDA device, the check against torch float32 there."""
+    if "cuda" not in {d.kind for d in opr.devices()}:
+        pytest.skip("no CUDA device here")
+    results = models.run_suite([opr.Device("cuda:0")], quick=True, repeats=2)
+    assert {r.op for r in results} == {"transformer_block", "resnet50"}
+    for r in results:
+        assert not r.error and r.dtype == "float16" and r.time_s > 0 and r.ratios()["torch"] > 0, r
