@@ -290,3 +290,41 @@ def test_concat_refuses_two_devices():
     with pytest.raises(DeviceMismatchError, match=r"concat: operands live on different devices \(tensors\[0\] on 'cpu', "
                                                   r"tensors\[1\] on"):
         opr.concat([T, opr.tensor(np.ones((2, 3, 4), np.float32), device=other)])
+
+
+def test_the_conformance_suite_catches_wrong_view_hooks():
+    """A plugin's device whose view hooks are wrong fails ``check_memory``, naming the hook."""
+    import types
+
+    from fake_backend import FakeArray, FakeDevice
+
+    from opruntime.testing import failures, summary
+    from opruntime.testing.memory import check_memory
+
+    class Sloppy(FakeDevice):
+        kind = "sloppy"
+
+        def __init__(self):
+            super().__init__(0)
+            self.name = "sloppy:0"
+
+        def getitem(self, data, index):  # forgets the steps
+            return FakeArray(data.a[tuple(slice(e.start, e.stop) if isinstance(e, slice) else e for e in index)],
+                             self.name)
+
+        def concat(self, datas, axis):  # hands back the first part
+            return datas[0]
+
+    @opr.hookimpl
+    def opruntime_devices():
+        return [Sloppy()]
+
+    opr.register(types.SimpleNamespace(opruntime_devices=opruntime_devices, __name__="sloppy"), name="sloppy")
+    try:
+        found = summary(failures(check_memory(opr.Device("sloppy:0"), dtypes=["float32"])))
+    finally:
+        opr.unregister("sloppy")
+    assert "getitem [1:4:2, 1, ::2]: gave shape" in found
+    assert "concat axis 1 (contiguous, strided, size 0): gave shape" in found
+    assert "concat: the result shares memory with an operand" in found
+    assert "reshape (24, 5)" not in found and "permute (2, 0, 1)" not in found  # the defaults are right
