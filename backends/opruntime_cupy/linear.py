@@ -231,10 +231,10 @@ def prepare_cublaslt(problem: Problem, config: Mapping[str, Any]) -> Callable[..
         if has_bias:
             if bias.strides[0] != bias.itemsize and n > 1:
                 bias = cupy.ascontiguousarray(bias)
-            mmo.reset_operands(w, x.T, epilog_inputs={"bias": bias})
+            mmo.reset_operands(a=w, b=x.T, epilog_inputs={"bias": bias})  # keyword-only in nvmath
             y = mmo.execute().T
         else:
-            mmo.reset_operands(x, w.T)
+            mmo.reset_operands(a=x, b=w.T)
             y = mmo.execute()
         return y if y.flags.c_contiguous else cupy.ascontiguousarray(y)
 

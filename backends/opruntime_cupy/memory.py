@@ -114,8 +114,15 @@ class CudaDevice(DeviceProvider):
 
     # -- memory ---------------------------------------------------------------------------
     def from_host(self, array: np.ndarray) -> Any:
+        # a plain host-to-device copy: cupy.asarray fills small arrays by value, and a fill of
+        # -0.0 (== 0) came back +0.0 (x / -0.0 gave +inf)
         with self._device, oom_guard(f"copy to {self.name}", array.nbytes):
-            return self._cupy.asarray(array)
+            host = array if array.flags.c_contiguous else array.copy(order="C")  # (0-d stays 0-d)
+            raw = host.view(np.uint16) if host.dtype.name == "bfloat16" else host
+            out = self._cupy.empty(host.shape, raw.dtype)
+            if host.size:
+                out.set(raw)
+            return out.view(host.dtype) if raw is not host else out
 
     def to_host(self, data: Any) -> np.ndarray:
         return self._cupy.asnumpy(data)

@@ -163,7 +163,7 @@ __device__ __forceinline__ void regs_rows(const T* __restrict__ x, const T* __re
             ACC s = 0;
 #pragma unroll
             for (int i = 0; i < PACKS * VEC; i++) s += v[r][i];
-            const ACC mean = row_sum<WIDTH>(s, red) * inv_n;
+            const ACC mean = row_sum<WIDTH>(s, red) / (ACC)cols;  // a division: a constant row gives its value exactly
 #endif
             ACC q = 0;
 #pragma unroll
@@ -228,7 +228,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) norm_loop(const T* __restr
 #pragma unroll
                     for (int e = 0; e < VEC; e++) s += to_acc(pk[u].v[e]);
         }
-        const ACC mean = row_sum<THREADS>(s, red) * inv_n;
+        const ACC mean = row_sum<THREADS>(s, red) / (ACC)cols;
 #endif
         ACC q = 0;
         for (i64 i0 = threadIdx.x; i0 < nvec; i0 += (i64)THREADS * UNROLL) {
