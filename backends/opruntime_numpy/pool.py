@@ -5,9 +5,9 @@
   kernel tap runs over every output of the chunk (a strided view of the padded planes per tap:
   kh*kw Python iterations per chunk, vectorized inside). avg divides by torch's divisor, an
   (oh, ow) table made from the two dims' window extents.
-* adaptive avg: separable means (mean over each output row's input rows, then over each output
-  column's input columns: oh + ow vectorized steps); a reshape-mean when the windows tile the
-  input exactly, and one mean over H and W for the 1x1 (global) pool.
+* adaptive avg: separable sums (over each output row's input rows, then over each output
+  column's input columns), one ``add.reduceat`` per dim where the windows tile it, else one sum
+  per window; divided by the windows' sizes. The 1x1 (global) pool is one sum over H and W.
 
 float16 is accumulated in float32 (avg), max compares in the input's dtype (exact).
 """
@@ -24,6 +24,9 @@ from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 from .conv import _threads
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
+#: planes up to this many elements are summed by einsum for the 1x1 pool (its sequential SIMD
+#: sums stay well inside float32's tolerance there); longer ones by NumPy's pairwise mean
+GLOBAL_EINSUM = 4096
 #: padded-plane bytes per chunk the tuner tries (the heuristic uses the first)
 CONFIGS = ({"chunk_bytes": 1 << 20}, {"chunk_bytes": 4 << 20}, {"chunk_bytes": 256 << 10})
 
@@ -101,24 +104,37 @@ def avg_pool2d(problem: Problem, config: Any, x: np.ndarray) -> np.ndarray:
     return _pool(problem, config, x, "avg")
 
 
+def _window_sums(x: np.ndarray, axis: int, size: int, out: int, acc_t: Any) -> np.ndarray:
+    """Sums over the adaptive windows of one axis: one ``add.reduceat`` when the windows tile
+    the axis (they do when ``size % out == 0``, and often otherwise), else one sum per window."""
+    i = np.arange(out)
+    start, end = (i * size) // out, -((-(i + 1) * size) // out)
+    if np.array_equal(end[:-1], start[1:]):
+        return np.add.reduceat(x, start, axis=axis, dtype=acc_t)
+    index = [slice(None)] * x.ndim
+    parts = []
+    for a, b in zip(start, end):
+        index[axis] = slice(a, b)
+        parts.append(x[tuple(index)].sum(axis=axis, dtype=acc_t))
+    return np.stack(parts, axis=axis)
+
+
 def adaptive_avg_pool2d(problem: Problem, config: Any, x: np.ndarray) -> np.ndarray:
     n, c, h, w = x.shape
     oh, ow = problem.out_shape[2:]
-    acc_t = np.float32 if x.dtype == F16 else x.dtype
+    acc_t = np.dtype(np.float32) if x.dtype == F16 else x.dtype
     if oh == 1 and ow == 1:
-        out = x.mean(axis=(2, 3), dtype=acc_t, keepdims=True)
-    elif h % oh == 0 and w % ow == 0:
-        out = x.reshape(n, c, oh, h // oh, ow, w // ow).mean(axis=(3, 5), dtype=acc_t)
-    else:  # separable: the mean of a rectangle is the mean over its columns of its rows' means
+        if h * w <= GLOBAL_EINSUM:  # einsum's SIMD sum: 4x NumPy's mean over two axes (4x2048x7x7)
+            out = np.einsum("ncij->nc", x, dtype=acc_t).reshape(n, c, 1, 1)
+            out /= acc_t.type(h * w)
+        else:  # pairwise summation for long planes
+            out = x.mean(axis=(2, 3), dtype=acc_t, keepdims=True)
+    else:  # separable: the sums over each output row's input rows, then over its columns
+        out = _window_sums(_window_sums(x, 2, h, oh, acc_t), 3, w, ow, acc_t)
         i, j = np.arange(oh), np.arange(ow)
-        hs, he = (i * h) // oh, -((-(i + 1) * h) // oh)
-        ws, we = (j * w) // ow, -((-(j + 1) * w) // ow)
-        rows = np.empty((n, c, oh, w), acc_t)
-        for r in range(oh):
-            np.mean(x[:, :, hs[r]:he[r], :], axis=2, dtype=acc_t, out=rows[:, :, r, :])
-        out = np.empty((n, c, oh, ow), acc_t)
-        for q in range(ow):
-            np.mean(rows[:, :, :, ws[q]:we[q]], axis=3, dtype=acc_t, out=out[:, :, :, q])
+        rows = -((-(i + 1) * h) // oh) - (i * h) // oh
+        cols = -((-(j + 1) * w) // ow) - (j * w) // ow
+        out /= np.outer(rows, cols).astype(acc_t)
     return out.astype(x.dtype, copy=False)
 
 
