@@ -10,6 +10,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from opruntime import Kernel, Problem
 from opruntime.kernels import itemsize, roofline
+from opruntime.ops.base import ACTIVATIONS
 
 from .matmul import BYTES, DTYPES, FLOPS, LAUNCH
 from .memory import DemoArray
@@ -24,7 +25,8 @@ def kernels() -> list[Kernel]:
 
 def run(problem: Problem, config: Any, x: DemoArray, w: DemoArray, bias: DemoArray | None = None) -> DemoArray:
     # attrs are normalised by the frontend: stride / dilation pairs, padding as
-    # (top, bottom, left, right), groups, and bias (the third operand when True).
+    # (top, bottom, left, right), groups, bias (the third operand when True), and activation
+    # (None or a name of opruntime.ops.base.EPILOGUES, applied after the bias).
     a = problem.attrs
     (sh, sw), (dh, dw), g = a["stride"], a["dilation"], a["groups"]
     pt, pb, pl, pr = a["padding"]
@@ -38,6 +40,8 @@ def run(problem: Problem, config: Any, x: DemoArray, w: DemoArray, bias: DemoArr
     out = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(n, o, ho, wo)
     if bias is not None:
         out += bias.buf.reshape(1, -1, 1, 1)
+    if a.get("activation") is not None:  # the frontend's float64 definition, in the output's precision
+        out = ACTIVATIONS[a["activation"]](out.astype(np.float64))
     return DemoArray(np.ascontiguousarray(out, dtype=problem.dtype))
 
 
