@@ -108,8 +108,8 @@ class Tensor:
         as NumPy's ``reshape``: a view when the strides allow one, else a copy.
 
         Raises:
-            ShapeError: the sizes differ. AttributeValueError: a dim that is not an int >= -1,
-            or two -1.
+            ShapeError: the sizes differ.
+            AttributeValueError: a dim that is not an int >= -1, or two -1.
         """
         new = _reshape_target("reshape", self.shape, shape[0] if len(shape) == 1 and not _is_int(shape[0])
                               else shape)

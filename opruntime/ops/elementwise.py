@@ -361,8 +361,9 @@ def add(a: Any, b: Any, *, device: Any = None) -> Tensor:
     """``a + b`` elementwise with NumPy broadcasting, as ``torch.add``.
 
     Args:
-        a, b: Tensors, native device arrays, host data, or a Python int / float (weak: it takes
+        a: a Tensor, a native device array, host data, or a Python int / float (weak: it takes
             the other operand's dtype, so ``add(t16, 1.0)`` stays float16).
+        b: the same kinds as ``a``; the two broadcast as NumPy.
         device: run here.
 
     Returns:

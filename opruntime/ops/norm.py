@@ -348,7 +348,8 @@ def layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = No
     Args:
         x: any shape whose last dims are ``normalized_shape``.
         normalized_shape: an int or a tuple of ints.
-        weight, bias: None or arrays of shape ``normalized_shape``.
+        weight: None or an array of shape ``normalized_shape``.
+        bias: None or an array of shape ``normalized_shape``.
         eps: a finite number > 0.
         device: run here.
 
@@ -381,8 +382,10 @@ def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None, 
 
     Args:
         x: (N, C, ...), at least 2-D.
-        running_mean, running_var: (C,).
-        weight, bias: None or (C,).
+        running_mean: (C,).
+        running_var: (C,).
+        weight: None or (C,).
+        bias: None or (C,).
         eps: a finite number > 0.
         device: run here.
 
