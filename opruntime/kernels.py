@@ -240,6 +240,50 @@ def families(package: str) -> list[Any]:
     return found
 
 
+
+def _strided_run(dims: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
+    """(size, stride) of dims that form one strided run (outermost first), or None."""
+    if not dims:
+        return 1, 0
+    size, stride = dims[-1]
+    for n, s in reversed(dims[:-1]):
+        if s != stride * size:
+            return None
+        size *= n
+    return size, stride
+
+
+def reduction_layout(shape: Sequence[int], strides: Sequence[int], axes: Sequence[int]) -> tuple[int, ...] | None:
+    """``(outer, n, inner, so, sn, si)``: an input of ``shape`` / element ``strides`` reduced over
+    ``axes``, seen as ``outer x n x inner`` elements with one element stride each (``n`` reduced;
+    a missing part is 1 with stride 0), or None when the layout does not collapse so (reduced
+    axes apart, or dims that do not merge). Reduced dims merge in any order, kept dims in theirs."""
+    red = sorted(((n, s) for i, (n, s) in enumerate(zip(shape, strides)) if i in axes and n != 1),
+                 key=lambda d: -abs(d[1]))
+    n_run = _strided_run(red)
+    live = [i for i in axes if shape[i] != 1]
+    first, last = (min(live), max(live)) if live else (len(shape), len(shape) - 1)
+    if n_run is None or any(i not in axes and shape[i] != 1 for i in range(first, last + 1)):
+        return None
+    outer = _strided_run([(shape[i], strides[i]) for i in range(first) if shape[i] != 1])
+    inner = _strided_run([(shape[i], strides[i]) for i in range(last + 1, len(shape)) if shape[i] != 1])
+    if outer is None or inner is None:
+        return None
+    return outer[0], n_run[0], inner[0], outer[1], n_run[1], inner[1]
+
+
+def reduction_plan(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """What a reduction kernel reads for ``problem`` (``attrs["axis"]`` the reduced axes):
+    :func:`reduction_layout` of its operand, and None; or, when that does not collapse, the
+    layout of a transposed contiguous copy (kept axes, then reduced) and that transpose."""
+    shape, axes = problem.shapes[0], problem.attrs["axis"]
+    lay = reduction_layout(shape, problem.strides[0] or c_strides(shape), axes)
+    if lay is not None:
+        return lay, None
+    kept = tuple(i for i in range(len(shape)) if i not in axes)
+    outer, n = math.prod(shape[i] for i in kept), math.prod(shape[i] for i in axes)
+    return (outer, n, 1, n, 1, 0), kept + tuple(axes)
+
 def roofline(flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float, launch: float = 0.0) -> float:
     """A simple roofline estimate in seconds: the larger of compute and memory time plus launch."""
     return max(flops / flops_per_s, nbytes / bytes_per_s) + launch

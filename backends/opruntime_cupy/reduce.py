@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from opruntime.kernels import Kernel, Problem, c_strides, itemsize
+from opruntime.kernels import Kernel, Problem, itemsize, reduction_plan
 
 from . import compile as cc
 from .memory import empty
@@ -60,48 +60,6 @@ def kernels() -> list[Kernel]:
     return out
 
 
-# -- layout: (outer, n, inner) with element strides ------------------------------------------------
-def _run(dims: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
-    """(size, stride) of dims forming one strided run (outermost first), or None."""
-    if not dims:
-        return 1, 0
-    size, stride = dims[-1]
-    for n, s in reversed(dims[:-1]):
-        if s != stride * size:
-            return None
-        size *= n
-    return size, stride
-
-
-def layout(shape: Sequence[int], strides: Sequence[int], axes: Sequence[int]) -> tuple[int, ...] | None:
-    """``(outer, n, inner, so, sn, si)`` in elements, or None when the layout does not collapse
-    (as ``opruntime.ops.reduce.canonical``: reduced dims merge in any order, kept ones in theirs)."""
-    red = sorted(((n, s) for i, (n, s) in enumerate(zip(shape, strides)) if i in axes and n != 1),
-                 key=lambda d: -abs(d[1]))
-    n_run = _run(red)
-    live = [i for i in axes if shape[i] != 1]
-    first, last = (min(live), max(live)) if live else (len(shape), len(shape) - 1)
-    if n_run is None or any(i not in axes and shape[i] != 1 for i in range(first, last + 1)):
-        return None
-    outer = _run([(shape[i], strides[i]) for i in range(first) if shape[i] != 1])
-    inner = _run([(shape[i], strides[i]) for i in range(last + 1, len(shape)) if shape[i] != 1])
-    if outer is None or inner is None:
-        return None
-    return outer[0], n_run[0], inner[0], outer[1], n_run[1], inner[1]
-
-
-def _plan(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    """(the layout the kernel reads, the transpose to gather first or None)."""
-    shape, axes = problem.shapes[0], problem.attrs["axis"]
-    strides = problem.strides[0] or c_strides(shape)
-    lay = layout(shape, strides, axes)
-    if lay is not None:
-        return lay, None
-    kept = tuple(i for i in range(len(shape)) if i not in axes)
-    outer, n = math.prod(shape[i] for i in kept), math.prod(shape[i] for i in axes)
-    return (outer, n, 1, n, 1, 0), kept + tuple(axes)
-
-
 def _vec_ok(problem: Problem, lay: Sequence[int], splits: int, chunk: int) -> bool:
     """Whether every row (chunk) starts a multiple of 16 bytes after the base: 128-bit loads
     (when the base is aligned too, which the launcher checks per call)."""
@@ -116,7 +74,7 @@ def _coalesced(lay: Sequence[int]) -> bool:
 
 
 def _row_configs(problem: Problem) -> list[Mapping[str, Any]]:
-    n = _plan(problem)[0][1]
+    n = reduction_plan(problem)[0][1]
     if n <= 2048:  # a warp per row: 8 rows in flight per block
         return list(ROW_CONFIGS)
     return [ROW_CONFIGS[1], ROW_CONFIGS[2], ROW_CONFIGS[3], ROW_CONFIGS[0]]
@@ -156,7 +114,7 @@ def _columns_geometry(problem: Problem, lay: Sequence[int], config: Mapping[str,
 
 def _cost(family: str) -> Callable[[Problem, Mapping[str, Any]], float]:
     def cost(problem: Problem, config: Mapping[str, Any]) -> float:
-        lay, perm = _plan(problem)
+        lay, perm = reduction_plan(problem)
         nbytes = math.prod(problem.shapes[0]) * itemsize(problem.dtype)
         bw = problem.device.provider.figures()[2]
         eff = EFFICIENCY[family]
@@ -194,7 +152,7 @@ def _build(family: str, problem: Problem, config: Mapping[str, Any]) -> Callable
     defines = {"DTYPE": DTYPE_CODE[problem.dtype], "OP": OP_CODE[problem.op], "THREADS": threads}
     acc_c = ctypes.c_double if problem.dtype == "float64" else ctypes.c_float
     acc_np = np.dtype(np.float64 if problem.dtype == "float64" else np.float32)
-    lay, perm = _plan(problem)
+    lay, perm = reduction_plan(problem)
     outer, n, inner, so, sn, si = lay
     outputs = outer * inner
     scale = acc_c(1.0 / n)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from opruntime.kernels import Kernel, Problem, c_strides, itemsize
+from opruntime.kernels import Kernel, Problem, itemsize, reduction_plan
 
 from . import compile as cl_compile
 from .compile import BUFFER
@@ -51,48 +51,6 @@ def kernels() -> list[Kernel]:
 
 def supports(problem: Problem) -> bool:
     return problem.device.provider.dtype_ok(problem.dtype)
-
-
-# -- layout ------------------------------------------------------------------------------------
-def _run(dims: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
-    """(size, stride) of dims forming one strided run (outermost first), or None."""
-    if not dims:
-        return 1, 0
-    size, stride = dims[-1]
-    for n, s in reversed(dims[:-1]):
-        if s != stride * size:
-            return None
-        size *= n
-    return size, stride
-
-
-def layout(shape: Sequence[int], strides: Sequence[int], axes: Sequence[int]) -> tuple[int, ...] | None:
-    """``(outer, n, inner, so, sn, si)`` in elements, or None when the layout does not collapse
-    (as ``opruntime.ops.reduce.canonical``: reduced dims merge in any order, kept ones in theirs)."""
-    red = sorted(((n, s) for i, (n, s) in enumerate(zip(shape, strides)) if i in axes and n != 1),
-                 key=lambda d: -abs(d[1]))
-    n_run = _run(red)
-    live = [i for i in axes if shape[i] != 1]
-    first, last = (min(live), max(live)) if live else (len(shape), len(shape) - 1)
-    if n_run is None or any(i not in axes and shape[i] != 1 for i in range(first, last + 1)):
-        return None
-    outer = _run([(shape[i], strides[i]) for i in range(first) if shape[i] != 1])
-    inner = _run([(shape[i], strides[i]) for i in range(last + 1, len(shape)) if shape[i] != 1])
-    if outer is None or inner is None:
-        return None
-    return outer[0], n_run[0], inner[0], outer[1], n_run[1], inner[1]
-
-
-def _plan(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    """(the layout the kernel reads, the transpose to gather first or None)."""
-    shape, axes = problem.shapes[0], problem.attrs["axis"]
-    strides = problem.strides[0] or c_strides(shape)
-    lay = layout(shape, strides, axes)
-    if lay is not None:
-        return lay, None
-    kept = tuple(i for i in range(len(shape)) if i not in axes)
-    outer, n = math.prod(shape[i] for i in kept), math.prod(shape[i] for i in axes)
-    return (outer, n, 1, n, 1, 0), kept + tuple(axes)
 
 
 def _coalesced(lay: Sequence[int]) -> bool:
@@ -132,7 +90,7 @@ def _configs(menu: tuple[dict[str, int], ...]) -> Callable[[Problem], Sequence[M
 def _cost(family: str) -> Callable[[Problem, Mapping[str, int]], float]:
     def cost(problem: Problem, config: Mapping[str, int]) -> float:
         dev = problem.device.provider
-        lay, perm = _plan(problem)
+        lay, perm = reduction_plan(problem)
         nbytes = math.prod(problem.shapes[0]) * itemsize(problem.dtype)
         if family == "rows":
             access = 1.0 if lay[4] == 1 else (8.0 if dev.accelerator else 2.0)
@@ -171,7 +129,7 @@ def _build(family: str, problem: Problem, config: Mapping[str, int]) -> Callable
     defines = {"T": t, "ACC": acc, **ext, "OP": OP_CODE[problem.op], "WG": wg}
     label = f"opencl.{problem.op}.{family}"
     text = cl_compile.source(SOURCE)
-    lay, perm = _plan(problem)
+    lay, perm = reduction_plan(problem)
     outer, n, inner, so, sn, si = lay
     outputs = outer * inner
     splits, chunk = _splits(problem, lay, family, wg)

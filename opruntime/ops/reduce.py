@@ -19,8 +19,8 @@ for None; ``()`` for none), ``attrs["keepdims"]`` a bool; ``out_shape`` the resu
 computes the reduction without ``keepdims`` and returns it reshaped to ``out_shape``.
 
 Kernels that want a canonical form collapse the layout themselves into ``(outer, n, inner)``
-with one element stride each (:func:`canonical` says how; the CUDA and OpenCL families carry
-their own copy of it, as a backend imports nothing of the frontend): size-1 dims dropped,
+with one element stride each (``opruntime.kernels.reduction_layout`` / ``reduction_plan``, which
+the CUDA and OpenCL families share): size-1 dims dropped,
 adjacent dims of the same kind (reduced or kept) merged where their strides allow; reduced axes
 that stay apart, or kept dims that do not merge, need a transposed contiguous copy first.
 Problems of size 0 never reach kernels.
@@ -102,40 +102,6 @@ def axes_of(op: str, shape: tuple[int, ...], axis: Any) -> tuple[int, ...]:
         raise AttributeValueError(f"{op}: axis {axis!r} names an axis twice (as {sorted(out)}); "
                                   "give each axis once")
     return tuple(sorted(out))
-
-
-def canonical(shape: Sequence[int], strides: Sequence[int], axes: Sequence[int]) -> tuple[int, ...] | None:
-    """``(outer, n, inner, so, sn, si)``: the input as ``outer x n x inner`` elements with one
-    element stride each (``n`` reduced; a missing part is 1 with stride 0), or None when the
-    layout does not collapse so (reduced axes apart, or dims that do not merge).
-
-    Reduced dims merge in any order (a reduction does not care), kept dims in their order."""
-    red = sorted(((n, s) for i, (n, s) in enumerate(zip(shape, strides)) if i in axes and n != 1),
-                 key=lambda d: -abs(d[1]))
-    n_run = _run(red)
-    if n_run is None:
-        return None
-    live = [i for i in axes if shape[i] != 1]
-    first, last = (min(live), max(live)) if live else (len(shape), len(shape) - 1)
-    if any(i not in axes and shape[i] != 1 for i in range(first, last + 1)):
-        return None  # a kept dim between reduced ones
-    outer = _run([(shape[i], strides[i]) for i in range(first) if shape[i] != 1])
-    inner = _run([(shape[i], strides[i]) for i in range(last + 1, len(shape)) if shape[i] != 1])
-    if outer is None or inner is None:
-        return None
-    return outer[0], n_run[0], inner[0], outer[1], n_run[1], inner[1]
-
-
-def _run(dims: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
-    """(size, stride) of dims that form one strided run (outermost first), or None."""
-    if not dims:
-        return 1, 0
-    size, stride = dims[-1]
-    for n, s in reversed(dims[:-1]):
-        if s != stride * size:
-            return None
-        size *= n
-    return size, stride
 
 
 class Reduce(Operator):
