@@ -254,12 +254,10 @@ _UFUNCS = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", 
 
 
 def _operator(name: str) -> Any:
-    """The operator ``name``, looked up when called (``opruntime.ops`` sits above this module)."""
-    op = config.OPERATORS.get(name)
-    if op is None:
-        raise NotImplementedError(f"Tensor: the operator {name!r} behind this arithmetic is not loaded "
-                                  f"(import opruntime first); operators: {', '.join(sorted(config.OPERATORS))}")
-    return op
+    """The operator ``name``, looked up when called (``opruntime.ops`` sits above this module and
+    has filled ``config.OPERATORS`` by the time any Tensor exists: importing this module imports
+    the ``opruntime`` package first)."""
+    return config.OPERATORS[name]
 
 
 # -- validating views ---------------------------------------------------------------------------------
