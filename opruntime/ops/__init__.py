@@ -52,7 +52,7 @@ def explain(op: str, *args: Any, device: Any = None, **attrs: Any) -> selector.E
                             + f" Operators: {', '.join(OPS)}")
     operator = OPS[op]
     s = settings()
-    datas, dev = place(op, operator.operands, args, device, s)
+    datas, dev = place(op, operator.operands, args, device, s, operator.masks)
     try:
         key = operator.key(s, dev, datas, attrs)
         cached = key in selector.plans

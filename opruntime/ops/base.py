@@ -99,7 +99,7 @@ class Normalized:
     attrs: Attrs
     out_shape: tuple[int, ...]  # the kernel's output shape
     result_shape: tuple[int, ...]  # the shape the user gets (a view of the kernel output)
-    trivial: str | None = None  # "empty" (nothing to compute) or "zeros" (an empty reduction)
+    trivial: str | None = None  # "empty" (nothing to compute), "zeros" (an empty reduction) or the op's own
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,8 @@ class Case:
         views: per operand, ``None`` (contiguous), ``"T"`` (the last two dims swapped on the device)
             or ``"slice"`` (every other element of the last dim, a strided device view).
         scale: the operands' standard deviation (softmax wants a spread of values).
+        bools: the operands drawn as booleans (attention's mask): True where the normal draw
+            is above -0.5, about 70% of the elements.
         op: the operator's name (filled in by the operator).
     """
 
@@ -121,6 +123,7 @@ class Case:
     dtype: str = "float32"
     views: tuple[str | None, ...] = ()
     scale: float = 1.0
+    bools: tuple[int, ...] = ()
     op: str = ""
 
     @property
@@ -173,6 +176,7 @@ class Operator(abc.ABC):
     empty: Sequence[Case] = ()
     bench: Mapping[str, Sequence[Case]] = {}
     peers: Mapping[str, Peer] = {}
+    masks: tuple[str, ...] = ()  # operands that may be boolean (attention's attn_mask)
 
     def __init__(self) -> None:
         # the tables name this operator (one class may serve two: softmax and log_softmax)
@@ -189,10 +193,13 @@ class Operator(abc.ABC):
     def reference(self, *arrays: np.ndarray, **attrs: Any) -> np.ndarray:
         """The float64 result, computed plainly with NumPy."""
 
-    def sample(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """Random host operands (normal draws) moved into the operator's domain, for the
-        conformance suite and the bench: e.g. a variance made positive. The default keeps them."""
-        return arrays
+    def sample(self, arrays: list[np.ndarray], case: Case | None = None) -> list[np.ndarray]:
+        """Random host operands (normal draws) of ``case`` moved into the operator's domain, for
+        the conformance suite and the bench: e.g. a variance made positive. The default makes the
+        operands ``case.bools`` names boolean and keeps the others."""
+        if case is None or not case.bools:
+            return arrays
+        return [a > -0.5 if i in case.bools else a for i, a in enumerate(arrays)]
 
     def flops(self, problem: Problem) -> float:
         """Floating-point operations of one call (the bench's and the cost models' numerator)."""
@@ -309,7 +316,7 @@ class Operator(abc.ABC):
                     return t
                 fast_key = key
         adict = {k: v for k, v, _ in attrs}
-        datas, dev = place(self.name, self.operands, inputs, device, s)
+        datas, dev = place(self.name, self.operands, inputs, device, s, self.masks)
         key = self.key(s, dev, datas, attrs)
         try:
             plan = selector.plans.get(key)
@@ -379,11 +386,13 @@ def attr_tag(value: Any) -> Any:
     return tuple(v.__class__ for v in value) if cls is tuple else cls
 
 
-def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: Any) -> tuple[list[Any], Device]:
+def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: Any,
+          masks: Sequence[str] = ()) -> tuple[list[Any], Device]:
     """Put every operand on one device: the Tensors' device, else the configured one.
 
     Host data (NumPy arrays, lists, scalars) joins the Tensors' device; Tensors on two devices,
-    or a ``device=`` that differs from the Tensors', raise :class:`DeviceMismatchError`.
+    or a ``device=`` that differs from the Tensors', raise :class:`DeviceMismatchError`. Host
+    data must be floating point, except a boolean array for an operand named in ``masks``.
     """
     dev = None
     on_device = True  # every operand a Tensor: the common fast path
@@ -417,22 +426,28 @@ def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: 
     elif dev is None:
         dev = _default_device(s, op)
     out = []
-    for x in inputs:
+    for name, x in zip(names, inputs):
         if x.__class__ is Tensor:
             out.append(x.data)
         elif not isinstance(x, np.ndarray) and dev.provider.owns(x):
             out.append(x)
         else:
-            out.append(dev.provider.from_host(_checked(op, host_array(op, x))))
+            out.append(dev.provider.from_host(_checked(op, host_array(op, x), name in masks)))
     return out, dev
 
 
-def _checked(op: str, arr: np.ndarray) -> np.ndarray:
+def _checked(op: str, arr: np.ndarray, mask: bool = False) -> np.ndarray:
     """Reject non-float host data before it is placed: a device may convert what it cannot hold
-    (JAX turns int64 into int32), and the error must name the dtype the caller passed."""
-    if arr.dtype.kind != "f":
+    (JAX turns int64 into int32), and the error must name the dtype the caller passed. A mask
+    operand may be boolean."""
+    if arr.dtype.kind != "f" and not (mask and arr.dtype.kind == "b"):
         result_dtype(op, [arr.dtype])
     return arr
+
+
+def wide(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Host operands as the float64 references take them: floats widened, booleans (masks) kept."""
+    return [a if a.dtype.kind == "b" else np.asarray(a, np.float64) for a in arrays]
 
 
 def _default_device(s: Any, op: str) -> Device:

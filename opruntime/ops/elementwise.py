@@ -166,7 +166,7 @@ class Binary(Operator):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return np.asarray(ARITHMETIC[self.name](np.asarray(a, np.float64), np.asarray(b, np.float64)), np.float64)
 
-    def sample(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def sample(self, arrays: list[np.ndarray], case: Case | None = None) -> list[np.ndarray]:
         """For ``div``: divisors kept at least 0.5 from zero (a tiny divisor overflows float16)."""
         if self.name != "div":
             return arrays

@@ -290,7 +290,7 @@ class BatchNorm(_Optional):
         # feed the operands in this operator's order, so it has no ONNX peer
     }
 
-    def sample(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def sample(self, arrays: list[np.ndarray], case: Case | None = None) -> list[np.ndarray]:
         """A running variance is positive: ``|v| + 0.1``."""
         out = list(arrays)
         if len(out) > 2:

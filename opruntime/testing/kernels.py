@@ -16,7 +16,7 @@ from ..devices import Device
 from ..errors import DtypeError, NoKernelError
 from ..kernels import Kernel
 from ..ops import OPS
-from ..ops.base import FLOAT_ORDER
+from ..ops.base import FLOAT_ORDER, wide
 from .findings import Finding, _exc
 from .numerics import compare, np_dtype, random_array, same_bits
 from .problems import CASES, EMPTY, Case, Unsupported, build, kernel_views, plan_for
@@ -158,7 +158,7 @@ def check_frontend_edges(device: Device, op: str, dtype: str = "float32") -> lis
     rng = np.random.default_rng()
     for case in EMPTY[op]:
         subject = f"{device.name}: {op} {case.id} {dtype}"
-        hosts = OPS[op].sample([random_array(rng, s, dtype) for s in case.shapes])
+        hosts = OPS[op].sample([random_array(rng, s, dtype) for s in case.shapes], case)
         norm = OPS[op].normalize([tuple(s) for s in case.shapes], dict(case.attrs))
         try:
             res = OPS[op](*[tensor(h, device=device) for h in hosts], **case.attrs)
@@ -170,7 +170,7 @@ def check_frontend_edges(device: Device, op: str, dtype: str = "float32") -> lis
             out.append(Finding("frontend", subject, f"gave {got.shape} {got.dtype} on {res.device}, expected "
                                f"{norm.result_shape} {dtype} on {device.name}"))
         elif got.size:
-            bad = compare(got, OPS[op].reference(*[h.astype(np.float64) for h in hosts], **case.attrs), dtype)
+            bad = compare(got, OPS[op].reference(*wide(hosts), **case.attrs), dtype)
             if bad:
                 out.append(Finding("frontend", subject, bad))
     return out

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..devices import Device
 from ..ops import OPS, Case
+from ..ops.base import wide
 from .numerics import random_array
 
 #: operator -> its conformance problems (each operator's own ``cases``)
@@ -73,13 +74,13 @@ def device_view(device: Device, host: np.ndarray, view: str | None) -> tuple[Any
 def build(case: Case, device: Device, dtype: str, rng: np.random.Generator) -> Built:
     """Put ``case`` on ``device`` in ``dtype`` with fresh random values."""
     hosts, operands, bases = [], [], []
-    drawn = OPS[case.op].sample([random_array(rng, shape, dtype, case.scale) for shape in case.shapes])
+    drawn = OPS[case.op].sample([random_array(rng, shape, dtype, case.scale) for shape in case.shapes], case)
     for i, host in enumerate(drawn):
         data, base, base_host = device_view(device, host, case.views[i] if i < len(case.views) else None)
         operands.append(data)
         hosts.append(host)
         bases.append((base, base_host))
-    ref = OPS[case.op].reference(*[h.astype(np.float64) for h in hosts], **case.attrs)
+    ref = OPS[case.op].reference(*wide(hosts), **case.attrs)
     return Built(case, dtype, operands, hosts, bases, ref)
 
 

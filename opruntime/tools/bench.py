@@ -28,7 +28,7 @@ from opruntime.config import settings
 from opruntime.devices import Device, host_normal
 from opruntime.kernels import Problem, np_dtype
 from opruntime.ops import FUNCTIONS, OPS
-from opruntime.ops.base import Case, Operator
+from opruntime.ops.base import Case, Operator, wide
 from opruntime.selector import Candidate, plans
 from opruntime.tensor import Tensor
 from opruntime.timing import Timed, measure, measure_rounds, paired_ratio
@@ -103,13 +103,13 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
     """Benchmark one case on one device; ``peers`` limits the peer libraries (default: all)."""
     op = OPS[case.op]
     rng, dtype = np.random.default_rng(0), np_dtype(case.dtype)
-    host = op.sample([host_normal(rng, s, dtype) for s in case.shapes])  # the peers and the reference get these
+    host = op.sample([host_normal(rng, s, dtype) for s in case.shapes], case)  # the peers and the reference get these
     res = Result(case.op, case.label, case.dtype, device.name)
     prov = device.provider
     attrs = dict(case.attrs)
     try:
         placed = [prov.from_host(h) for h in host]
-        datas = [d if d.dtype == dtype else prov.astype(d, dtype) for d in placed]
+        datas = [d if d.dtype == dtype or d.dtype == bool else prov.astype(d, dtype) for d in placed]
         tensors = [Tensor._wrap(d, device) for d in datas]
         public = FUNCTIONS[case.op]  # what users call
         named = dict(zip(op.operands, tensors))  # operands by name: layer_norm's weight follows normalized_shape
@@ -209,7 +209,7 @@ def check_result(op: Operator, case: Case, host: Sequence[np.ndarray], flops: fl
         return (f"wrong result: after the timing, opruntime's answer differs from its first by {drift:.1e} "
                 f"(relative; tolerance {tol:g}){why}: a kernel whose answer changes from call to call")
     if flops <= REFERENCE_FLOPS:
-        ref = op.reference(*(h.astype(np.float64) for h in host), **case.attrs)
+        ref = op.reference(*wide(host), **case.attrs)
         try:
             err = rel_err(first.astype(np.float64).reshape(ref.shape), ref)
         except AssertionError as exc:
