@@ -163,7 +163,7 @@ class Attention(Operator):
         sm = tuple(shapes[MASK]) if len(shapes) > MASK else None
         for name, s in (("q", sq), ("k", sk), ("v", sv)):
             if len(s) < 2:
-                raise ShapeError(f"{op}: {name} must be at least 2-D ({'(..., L, E)' if name == 'q' else '(..., S, E)'}), "
+                raise ShapeError(f"{op}: {name} must be at least 2-D {'(..., L, E)' if name == 'q' else '(..., S, E)'}, "
                                  f"got shape {s}")
         (L, E), (S, Ek), (Sv, Ev) = sq[-2:], sk[-2:], sv[-2:]
         if Ek != E:
