@@ -38,6 +38,7 @@ import numpy as np
 
 from opruntime.devices import Device
 from opruntime.kernels import np_dtype
+from opruntime.ops import OPS
 from opruntime.ops.base import Case, Operator
 from opruntime.timing import Timed
 
@@ -208,7 +209,7 @@ def _onnx(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: 
     graph = helper.make_graph(
         [helper.make_node(op_type, names, ["y"], **attributes)], case.op,
         [helper.make_tensor_value_info(n, elem, x.shape) for n, x in zip(names, xs)],
-        [helper.make_tensor_value_info("y", elem, None)])
+        [helper.make_tensor_value_info("y", elem, op_result_shape(case, xs))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8 if opset <= 18 else 9  # readable by onnxruntime releases of the last years
     onnx.checker.check_model(model)
@@ -218,6 +219,11 @@ def _onnx(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: 
     feeds = dict(zip(names, xs))
     session.run(None, feeds)
     return functools.partial(session.run, None, feeds), _no_sync
+
+
+def op_result_shape(case: Case, xs: Sequence[np.ndarray]) -> list[int]:
+    """The result's shape, as the operator infers it (the ONNX checker wants the output's)."""
+    return list(OPS[case.op].normalize([x.shape for x in xs], dict(case.attrs)).result_shape)
 
 
 Runner = Callable[[Callable[..., Any], Sequence[np.ndarray], Case, Where], Timed | None]
