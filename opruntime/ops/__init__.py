@@ -52,9 +52,13 @@ def explain(op: str, *args: Any, device: Any = None, **attrs: Any) -> selector.E
                             + f" Operators: {', '.join(OPS)}")
     operator = OPS[op]
     s = settings()
-    datas, dev = place(op, operator.operands, args, device, s, operator.masks)
+    while args and args[-1] is None:  # trailing optional operands given as None: absent, as in the call
+        args = args[:-1]
+    inputs, triples = operator.adapt(tuple(args), operator.attr_key(attrs))  # the call as it runs
+    attrs = {k: v for k, v, _ in triples}
+    datas, dev = place(op, operator.operands, inputs, device, s, operator.masks)
     try:
-        key = operator.key(s, dev, datas, attrs)
+        key = operator.key(s, dev, datas, triples)
         cached = key in selector.plans
     except TypeError:
         cached = False

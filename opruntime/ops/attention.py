@@ -261,11 +261,15 @@ class Attention(Operator):
         return problem
 
     def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any, Any], ...]) -> Tensor:
+        inputs, attrs = self.adapt(inputs, attrs)
+        return super().call(inputs, device, attrs)
+
+    def adapt(self, inputs: tuple[Any, ...], attrs: tuple[tuple[str, Any, Any], ...]) -> tuple[tuple[Any, ...], tuple]:
         """A mask given as (nested) Python bools stays boolean (host data of Python bools is
         otherwise float32, which would make it an additive mask of zeros and ones)."""
         if len(inputs) > MASK and isinstance(inputs[MASK], (list, tuple)):
             inputs = (*inputs[:MASK], np.asarray(inputs[MASK]))
-        return super().call(inputs, device, attrs)
+        return inputs, attrs
 
     # -- the float64 reference -------------------------------------------------------------
     def reference(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask: np.ndarray | None = None,

@@ -269,6 +269,13 @@ class Operator(abc.ABC):
     def __call__(self, *inputs: Any, device: Any = None, **attrs: Any) -> Tensor:
         return self.call(inputs, device, self.attr_key(attrs))
 
+    def adapt(self, inputs: tuple[Any, ...], attrs: tuple[tuple[str, Any, Any], ...]) -> tuple[tuple[Any, ...], tuple]:
+        """Rewrite a call's operands and attributes ((name, value, type) triples) before anything
+        else sees them: a weak Python scalar, a middle operand given as None. An operator that
+        overrides it calls it from its :meth:`call`; :func:`~opruntime.ops.explain` calls it too,
+        so that it explains the call that runs. The default keeps them."""
+        return inputs, attrs
+
     def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any, Any], ...]) -> Tensor:
         """Run the operator on ``inputs`` with attributes ``attrs`` ((name, value, type) triples).
 

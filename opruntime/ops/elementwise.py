@@ -175,12 +175,14 @@ class Binary(Operator):
         return [a, b]
 
     def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any, Any], ...]) -> Tensor:
-        """As :meth:`Operator.call`, with a Python scalar operand made a 0-D array of the other
-        operand's dtype first (a weak scalar)."""
         a, b = inputs
         if a.__class__ in _SCALARS or b.__class__ in _SCALARS:
-            inputs = weak_scalars(self.name, a, b)
+            inputs, attrs = self.adapt(inputs, attrs)
         return Operator.call(self, inputs, device, attrs)
+
+    def adapt(self, inputs: tuple[Any, ...], attrs: tuple[tuple[str, Any, Any], ...]) -> tuple[tuple[Any, ...], tuple]:
+        """A Python scalar operand made a 0-D array of the other operand's dtype (a weak scalar)."""
+        return weak_scalars(self.name, *inputs), attrs
 
 
 _SCALARS = (int, float, bool)

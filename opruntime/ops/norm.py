@@ -98,6 +98,10 @@ class _Optional(Operator):
     ``attrs["bias"]`` say which they are."""
 
     def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any, Any], ...]) -> Tensor:
+        inputs, attrs = self.adapt(inputs, attrs)
+        return super().call(inputs, device, attrs)
+
+    def adapt(self, inputs: tuple[Any, ...], attrs: tuple[tuple[str, Any, Any], ...]) -> tuple[tuple[Any, ...], tuple]:
         n = len(inputs)
         for i in range(self.required or 0):
             if inputs[i] is None:
@@ -106,7 +110,7 @@ class _Optional(Operator):
         if n == len(self.operands) and inputs[n - 2] is None and "bias" in self.operands:
             inputs = inputs[:n - 2] + inputs[n - 1:]
             attrs = (*attrs, (BIAS_ONLY, True, bool))
-        return super().call(inputs, device, attrs)
+        return inputs, attrs
 
     def _present(self, n_given: int, bias_only: bool) -> tuple[str, ...]:
         """The names of the operands present, given how many were passed."""

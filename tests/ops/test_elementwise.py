@@ -266,3 +266,13 @@ def test_cuda_kernels_rank_the_paths(shapes, strides, want):
     best = min(usable, key=lambda k: k.estimate(problem, k.configs[0]))
     assert best.name == f"cupy.sub.{want}"
     assert "cupy.sub.strided" in [k.name for k in usable]  # takes every layout
+
+
+def test_explain_describes_the_call_that_runs():
+    """explain applies the call's own rewrites: a weak Python scalar keeps float16 (no promotion to
+    float32), and a middle operand given as None (layer_norm's weight) is the bias-only plan."""
+    x = opr.tensor(np.ones((4, 3), np.float16))
+    assert opr.explain("add", x, 1.0).problem.dtype == "float16"
+    assert opr.explain("add", x, 1.0).problem == opr.explain("add", x, 2.0).problem
+    ln = opr.explain("layer_norm", np.ones((2, 3), np.float32), None, np.ones(3, np.float32), normalized_shape=3)
+    assert ln.problem.attrs["bias"] and not ln.problem.attrs["weight"]
