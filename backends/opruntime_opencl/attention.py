@@ -44,21 +44,24 @@ NAME = "opencl.scaled_dot_product_attention.tiled"
 #: GPUs: 128-512 work-items, 4 to 8 rows per work-item (the register blocking that amortises the
 #: local-memory reads); the small tiles last, for head dims whose Q tile fills local memory.
 GPU_CONFIGS: tuple[dict[str, int], ...] = (
-    dict(BM=64, BN=32, TPR=16, RM=4),
-    dict(BM=64, BN=64, TPR=16, RM=4),
-    dict(BM=128, BN=32, TPR=16, RM=8),
-    dict(BM=64, BN=32, TPR=8, RM=4),
-    dict(BM=32, BN=32, TPR=16, RM=2),
-    dict(BM=32, BN=16, TPR=16, RM=1),
-    dict(BM=16, BN=16, TPR=16, RM=1),
-    dict(BM=8, BN=8, TPR=8, RM=1),
+    dict(BM=64, BN=32, TPR=16, RM=4, VW=1),
+    dict(BM=64, BN=64, TPR=16, RM=4, VW=1),
+    dict(BM=128, BN=32, TPR=16, RM=8, VW=1),
+    dict(BM=64, BN=64, TPR=8, RM=4, VW=2),
+    dict(BM=64, BN=32, TPR=8, RM=4, VW=1),
+    dict(BM=32, BN=32, TPR=16, RM=2, VW=1),
+    dict(BM=32, BN=16, TPR=16, RM=1, VW=1),
+    dict(BM=16, BN=16, TPR=16, RM=1, VW=1),
+    dict(BM=8, BN=8, TPR=8, RM=1, VW=1),
 )
-#: CPUs (PoCL): TPR = 16 lanes of a 512-bit vector along the keys / value columns.
+#: CPUs (PoCL): one work-item per RM rows (TPR = 1) with VW-wide vectors along the keys and the
+#: value columns (16 floats: one AVX-512 register), so the work inside a work-item is SIMD code.
 CPU_CONFIGS: tuple[dict[str, int], ...] = (
-    dict(BM=32, BN=64, TPR=16, RM=4),
-    dict(BM=64, BN=64, TPR=16, RM=8),
-    dict(BM=16, BN=32, TPR=16, RM=2),
-    dict(BM=32, BN=32, TPR=8, RM=4),
+    dict(BM=64, BN=64, TPR=1, RM=8, VW=16),
+    dict(BM=64, BN=32, TPR=1, RM=8, VW=16),
+    dict(BM=128, BN=64, TPR=1, RM=8, VW=16),
+    dict(BM=32, BN=64, TPR=1, RM=4, VW=16),
+    dict(BM=16, BN=16, TPR=1, RM=2, VW=8),
 )
 CONFIGS: tuple[dict[str, int], ...] = (*GPU_CONFIGS, *(c for c in CPU_CONFIGS if c not in GPU_CONFIGS))
 #: GPU work-items holding more accumulators and scores than this spill registers
@@ -94,7 +97,14 @@ def defines(problem: Problem, config: Mapping[str, int]) -> dict[str, Any]:
     t, acc, ext = TYPES[problem.dtype]
     _, _, _, _, E, Ev = _dims(problem)
     return {"T": t, "ACC": acc, **ext, "E": E, "EV": Ev, "MASK": _mask_kind(problem),
-            "CAUSAL": int(problem.attrs["causal"]), **{k: config[k] for k in ("BM", "BN", "TPR", "RM")}}
+            "CAUSAL": int(problem.attrs["causal"]), "KPAD": _kpad(config),
+            **{k: config[k] for k in ("BM", "BN", "TPR", "RM", "VW")}}
+
+
+def _kpad(config: Mapping[str, int]) -> int:
+    """Padding of the K^T / P rows: one word (odd strides: no bank conflicts) for scalar
+    reads, a vector for vector reads (keeps them aligned)."""
+    return 1 if config["VW"] == 1 else config["VW"]
 
 
 def prepare(problem: Problem, config: Mapping[str, int]) -> Callable[..., Any]:
@@ -138,22 +148,23 @@ def prepare(problem: Problem, config: Mapping[str, int]) -> Callable[..., Any]:
 def local_bytes(problem: Problem, cfg: Mapping[str, int]) -> int:
     """Local memory of ``cfg`` (the .cl file's qs, kv, ps and mx)."""
     _, _, _, _, E, Ev = _dims(problem)
-    bm, bn, tpr = cfg["BM"], cfg["BN"], cfg["TPR"]
+    bm, bn, tpr, vw = cfg["BM"], cfg["BN"], cfg["TPR"], cfg["VW"]
     t, acc = itemsize(problem.dtype), (8 if problem.dtype == "float64" else 4)
-    vstr = -(-Ev // tpr) * tpr
-    return t * (bm * (E + 1) + max(E * (bn + 1), bn * vstr)) + acc * (bm * (bn + 1) + bm * tpr)
+    kstr, vstr = bn + _kpad(cfg), -(-Ev // (tpr * vw)) * tpr * vw
+    return t * (bm * (E + 1) + max(E * kstr, bn * vstr)) + acc * (bm * kstr + bm * tpr)
 
 
 def _registers(problem: Problem, cfg: Mapping[str, int]) -> int:
     """Accumulators, scores and operands a work-item holds (ACC words)."""
     Ev = _dims(problem)[5]
-    rm, nj, nc = cfg["RM"], cfg["BN"] // cfg["TPR"], -(-Ev // cfg["TPR"])
-    return rm * (nc + nj + 2) + nj + nc
+    rm, vw = cfg["RM"], cfg["VW"]
+    nj, nc = cfg["BN"] // cfg["TPR"], -(-Ev // (cfg["TPR"] * vw)) * vw
+    return rm * (nc + nj + vw + 1) + nj + nc
 
 
 def fits(dev: OpenCLDevice, problem: Problem, cfg: Mapping[str, int]) -> bool:
-    bm, bn, tpr, rm = cfg["BM"], cfg["BN"], cfg["TPR"], cfg["RM"]
-    if bm % rm or bn % tpr or tpr & (tpr - 1):
+    bm, bn, tpr, rm, vw = cfg["BM"], cfg["BN"], cfg["TPR"], cfg["RM"], cfg["VW"]
+    if bm % rm or bn % (tpr * vw) or tpr & (tpr - 1) or vw not in (1, 2, 4, 8, 16):
         return False
     wg = tpr * (bm // rm)
     return (wg <= dev.max_wg and wg <= dev.cl_device.max_work_item_sizes[0]
@@ -187,17 +198,19 @@ def _key_tiles(L: int, S: int, bm: int, bn: int, causal: bool) -> int:
 
 def cost(problem: Problem, cfg: Mapping[str, int]) -> float:
     """Seconds: the padded tile work at an efficiency set by the register blocking (FMAs per
-    local-memory read in the two products), over the waves of work-groups the device runs at
-    once; or the traffic of re-reading K and V per query tile, if more; plus a launch."""
+    local-memory read in the two products) and the vector width, over the waves of work-groups
+    the device runs at once; or the traffic of re-reading K and V per query tile, if more; plus
+    a launch. (PoCL, 2 cores, L = S = 1024, E = 128: 30-36 GFLOP/s for the first CPU config,
+    20 with RM = 4, 13 for the 16 x 16 tile.)"""
     dev = problem.device.provider
     B, H, L, S, E, Ev = _dims(problem)
-    bm, bn, tpr, rm = cfg["BM"], cfg["BN"], cfg["TPR"], cfg["RM"]
-    nj, nc = bn // tpr, -(-Ev // tpr)
+    bm, bn, tpr, rm, vw = cfg["BM"], cfg["BN"], cfg["TPR"], cfg["RM"], cfg["VW"]
+    njv, ncv = bn // (tpr * vw), -(-Ev // (tpr * vw))
     visited = _key_tiles(L, S, bm, bn, problem.attrs["causal"]) * B * H
     # per key tile: BM x BN x (E + padded Ev) FMAs and ~12 operations per score (mask, exp2, max)
-    flops = visited * bm * bn * (2.0 * (E + nc * tpr) + 12.0)
-    # FMAs per local read: scores RM x NJ per RM + NJ reads, output RM x NC per RM + NC
-    reuse = 2.0 / ((rm + nj) / (rm * nj) + (rm + nc) / (rm * nc))
+    flops = visited * bm * bn * (2.0 * (E + ncv * tpr * vw) + 12.0)
+    # vector FMAs per local read: scores RM x NJV per RM + NJV reads, output RM x NCV per RM + NCV
+    reuse = 2.0 / ((rm + njv) / (rm * njv) + (rm + ncv) / (rm * ncv))
     groups = -(-L // bm) * B * H
     wg = tpr * (bm // rm)
     if dev.accelerator:
@@ -205,8 +218,8 @@ def cost(problem: Problem, cfg: Mapping[str, int]) -> float:
         slots = dev.compute_units * max(1, min(8, 2048 // wg, int(dev.local_mem // max(local_bytes(problem, cfg), 1))))
         if _registers(problem, cfg) > MAX_REGS:
             eff *= 0.3
-    else:  # PoCL: SIMD lanes along TPR, a work-group per core at a time
-        eff = 0.2 * min(1.0, reuse / 3.0) * min(1.0, tpr / 16)
+    else:  # PoCL: SIMD along VW within a work-item, a work-group per core at a time
+        eff = 0.25 * min(1.0, reuse / 4.0) * min(1.0, tpr * vw / 16) ** 0.5
         slots = dev.compute_units
     waves = -(-groups // slots)
     fill = groups / (waves * slots)
