@@ -38,9 +38,11 @@ SOURCE = "elementwise.cu"
 OP_CODE: dict[str | None, int] = {None: 0, "add": 1, "sub": 2, "mul": 3, "div": 4, "neg": 5}
 KIND = {"vector": 1, "broadcast": 2, "strided": 3}
 ENTRY = {"vector": "ew_contig", "broadcast": "ew_bcast", "strided": "ew_strided"}
-#: threads per block, and resident blocks per SM the grid is sized to (a grid-stride loop)
+#: threads per block, and resident blocks per SM the grid is sized to (a grid-stride loop); WAVES=0:
+#: a grid of one unit (a 128-bit word) per thread, every load of the array in flight at once
 CONFIGS: tuple[dict[str, int], ...] = (dict(THREADS=256, WAVES=8), dict(THREADS=512, WAVES=4),
-                                       dict(THREADS=128, WAVES=16))
+                                       dict(THREADS=128, WAVES=16), dict(THREADS=256, WAVES=0),
+                                       dict(THREADS=128, WAVES=0))
 STRIDED_CONFIGS: tuple[dict[str, int], ...] = (dict(THREADS=256, WAVES=8), dict(THREADS=512, WAVES=4))
 #: fraction of the copy bandwidth each path is expected to reach (the estimate only ranks them)
 EFFICIENCY = {"vector": 0.92, "broadcast": 0.9, "strided": 0.5}
@@ -153,7 +155,7 @@ def prepare_elementwise(op: str | None, act: str | None, dtype: str, shapes: Seq
                          f"{list(strides)}")
     base = {"DTYPE": DTYPE_CODE[dtype], "ARITY": arity, "OP": OP_CODE[op], "ACT": ACT[act], "KIND": KIND[path]}
     threads, w, n = config["THREADS"], 16 // itemsize(dtype), lay.n
-    cap = max(1, sm_count * config["WAVES"])
+    cap = max(1, sm_count * config["WAVES"]) if config["WAVES"] else 2 ** 31 - 1
     getdev = cupy.cuda.runtime.getDevice
     shape = tuple(out_shape)
 
