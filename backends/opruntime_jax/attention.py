@@ -126,9 +126,14 @@ def _nothing() -> Any:
     return contextlib.nullcontext()
 
 
-#: Efficiency of XLA's materialising attention against the platform figures (FLOPs, bytes):
-#: on the CPU, measured against the blocked kernel on this 2-core host (docs/notes-jax.md).
-XLA_EFF = {"cpu": (0.5, 0.5), "gpu": (0.6, 0.8), "tpu": (0.6, 0.8)}
+#: Efficiency of XLA's materialising attention against the platform figures (FLOPs, bytes of the
+#: score passes). CPU: fitted on this 2-core host (float32, jax 0.10.2), where the dots ran at
+#: ~80-100 GFLOP/s (1.6-2x the figure) and the score passes at ~4 GB/s: jax.nn took 0.026 ms at
+#: 1 x 1 x 16 x 16 (the blocked kernel 0.032), 0.10 ms at 1 x 4 x 64 x 64 (blocked 0.077), 1.3 ms at
+#: 2 x 8 x 128 x 128 (1.1), 56 ms at 1 x 8 x 1024 x 1024 (23) and 85 ms causal (24): the blocked
+#: kernel is the CPU's choice except for the tiniest problems. GPU / TPU: not measured; the score
+#: passes are memory-bound there too, against Pallas' one pass.
+XLA_EFF = {"cpu": (1.6, 0.4), "gpu": (0.6, 0.8), "tpu": (0.6, 0.8)}
 
 
 def xla_cost(problem: Problem, config: Mapping[str, Any]) -> float:
@@ -139,13 +144,17 @@ def xla_cost(problem: Problem, config: Mapping[str, Any]) -> float:
     pairs = B * H * L * S
     passes = 4 * 4 + (2 * itemsize(problem.dtype) if problem.dtype != "float32" else 0)
     return device_cost(problem, 2.0 * pairs * (E + Ev), io_bytes(problem) + pairs * passes,
-                       flop_eff=flop_eff, byte_eff=byte_eff, launch_mult=4.0)
+                       flop_eff=flop_eff, byte_eff=byte_eff, launch_mult=2.0)
 
 
 # -- blocked jnp / lax ---------------------------------------------------------------------------------
-#: score elements (across the batches and heads) of one (query block, key block) step
+#: score elements (across the batches and heads) of one (query block, key block) step, and the
+#: keys of one block: on this 2-core host (float32, H = 8, L = S = 1024-2048) 256 keys and 2^20
+#: scores (4 MB) ran 1.1-1.7x faster than 128 or 512 keys and 2^16-2^19 or 2^21-2^22 scores
+#: (the smaller the steps, the more XLA's per-iteration overhead shows; the larger, the less
+#: stays in cache)
 TILE = 1 << 20
-KEY_BLOCK = 512
+KEY_BLOCK = 256
 
 
 def blocked_blocks(problem: Problem, config: Mapping[str, Any]) -> tuple[int, int]:
@@ -247,22 +256,39 @@ def build_blocked(problem: Problem, config: Mapping[str, Any]) -> Any:
 
 
 #: (FLOP efficiency, seconds per loop step) of the blocked kernel: its dots are one key block
-#: wide and every step is an XLA while-loop iteration. CPU figures measured on this host.
-BLOCKED_EFF = {"cpu": (0.4, 2e-5), "gpu": (0.25, 1e-5), "tpu": (0.25, 1e-5)}
+#: wide and every step is an XLA while-loop iteration. CPU: fitted on this host (see XLA_EFF);
+#: GPU / TPU: guesses (small dots; a while-loop step per block, whose condition the host reads),
+#: ranking it below Pallas and, for small problems, below XLA.
+BLOCKED_EFF = {"cpu": (1.6, 2e-5), "gpu": (0.25, 2e-5), "tpu": (0.25, 2e-5)}
+
+
+def blocked_steps(problem: Problem, config: Mapping[str, Any]) -> int:
+    """(query block, key block) steps the blocked kernel runs: causal blocks skip whole key blocks
+    past the diagonal only."""
+    import numpy as np
+
+    B, H, L, S, *_ = _sizes(problem)
+    bq, bk = blocked_blocks(problem, config)
+    nq, nk = -(-L // bq), -(-S // bk)
+    if not problem.attrs["causal"]:
+        return nq * nk
+    last = np.minimum(S, (np.arange(nq, dtype=np.int64) + 1) * bq)
+    return int(np.minimum(nk, -(-last // bk)).sum())
 
 
 def blocked_cost(problem: Problem, config: Mapping[str, Any]) -> float:
     B, H, L, S, E, Ev, _ = _sizes(problem)
     eff, per_step = BLOCKED_EFF.get(platform(problem), (0.25, 1e-5))
     bq, bk = blocked_blocks(problem, config)
-    steps = -(-L // bq) * -(-S // bk) * (0.5 if problem.attrs["causal"] else 1.0)
-    reads = io_bytes(problem) + -(-L // bq) * B * H * S * (E + Ev) * itemsize(problem.dtype)  # k, v per query block
-    return device_cost(problem, _flops(problem), reads, flop_eff=eff) + steps * per_step
+    steps = blocked_steps(problem, config)
+    flops = 2.0 * steps * bq * bk * B * H * (E + Ev)
+    reads = io_bytes(problem) + steps * bk * B * H * (E + Ev) * itemsize(problem.dtype)  # k, v per query block
+    return device_cost(problem, flops, reads, flop_eff=eff, launch_mult=3.0) + steps * per_step
 
 
 def blocked_configs(problem: Problem) -> list[dict[str, Any]]:
-    return [{"block_k": KEY_BLOCK, "tile": TILE}, {"block_k": 256, "tile": TILE // 2},
-            {"block_k": 1024, "tile": TILE * 2}]
+    return [{"block_k": KEY_BLOCK, "tile": TILE}, {"block_k": 512, "tile": TILE},
+            {"block_k": 128, "tile": TILE // 2}]
 
 
 # -- Pallas ------------------------------------------------------------------------------------------
