@@ -1,0 +1,758 @@
+// scaled_dot_product_attention: softmax(q k^T * scale + mask) v, as the operator's contract gives
+// it (opruntime/ops/attention.py): q (Bq, Hq, L, E), k (Bk, Hk, S, E), v (Bv, Hv, S, Ev), the mask
+// (Bm, Hm, Lm, Sm), each with element strides; output (b, h, i) reads q[b % Bq, h / (H / Hq), i],
+// k and v likewise and mask[b % Bm, h / (H / Hm), i % Lm, j % Sm]. The launcher passes a batch,
+// row or column of size 1 with stride 0, so b % Bx is b * stride and i % Lm is i * stride. The
+// output is (B, H, L, Ev), C-contiguous. A row whose every key is masked gives zeros; a NaN score
+// gives a NaN row. One build per (DTYPE, FAMILY, tunables); the entry point of each family:
+//
+//   FAMILY 1  attn_flash    FlashAttention-2 on the tensor cores, no L x S buffer (below).
+//   FAMILY 2  attn_simt     the same online softmax in plain FMAs, any dtype (float64's kernel).
+//   FAMILY 3  attn_softmax  the composite's masked softmax over a materialised score buffer.
+//
+// Defines (injected by attention.py):
+//   DTYPE   0 float32, 1 float16, 2 bfloat16, 3 float64 (dtype.cuh: T and its accumulator ACC)
+//   CAUSAL  1: key j is visible to query i iff j <= i (top-left)
+//   MASK    0 none, 1 boolean (one byte per element, nonzero: the key takes part), 2 additive (T)
+//   FAMILY 1: D, DV (E and Ev padded: multiples of 16, 8 for float32), BM, BN (query rows and
+//             keys per tile), WARPS (BM / 16), VEC (1: cp.async 16-byte copies, which need a unit
+//             last stride, 16-byte aligned rows and E, Ev multiples of 16 bytes; 0: element loads
+//             with any strides), QREG (1: q's fragments stay in registers)
+//   FAMILY 2: WARPS (4 query rows each), BN, DV (Ev padded to a multiple of 32)
+//   FAMILY 3: THREADS per row
+#include "common.cuh"
+
+#ifndef DTYPE
+#define DTYPE 1  // defaults let the file build on its own (CI compiles each variant)
+#endif
+#ifndef FAMILY
+#define FAMILY 1
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef MASK
+#define MASK 0
+#endif
+
+#include "dtype.cuh"
+
+#define LOG2E 1.4426950408889634f
+
+// The scalars of one launch, one kernel argument (attention.py's ctypes mirror: same order).
+struct AttnParams {
+    i64 sq[4];  // q's strides (elements): batch, head, row, column; 0 for a dim of size 1
+    i64 sk[4];
+    i64 sv[4];
+    i64 sm[4];  // the mask's: 0 for a broadcast batch, head, row or column
+    int B, H, L, S, E, Ev;
+    int gq, gk, gv, gm;  // output heads per operand head: head h reads the operand's head h / g
+    float scale_log2;    // scale * log2(e): the float kernels take exponentials in base 2
+    float pad_;
+    double scale;        // the scale itself (FAMILY 2 and 3)
+};
+
+#if DTYPE == 3
+#define ACC_NEG_INF (-__longlong_as_double(0x7ff0000000000000LL))
+__device__ __forceinline__ ACC acc_exp(ACC x) { return exp(x); }
+#else
+#define ACC_NEG_INF (-__int_as_float(0x7f800000))
+__device__ __forceinline__ ACC acc_exp(ACC x) { return expf(x); }
+#endif
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// ===============================================================================================
+#if FAMILY == 1
+// FlashAttention-2. One block per (tile of BM query rows, batch x head); WARPS warps, each owning
+// 16 query rows. The q tile is loaded once (its mma A fragments kept in registers when QREG); the
+// key and value tiles stream through two shared-memory stages each, filled by cp.async while the
+// previous tile is multiplied. Per key tile a warp computes S = q k^T with mma.sync (m16n8k16 on
+// float16 / bfloat16, fp32 accumulation; float32 as three m16n8k8 TF32 products, below), scales
+// it into base 2 (scale * log2 e), masks it, and updates its rows' running max m and sum l of
+// 2^(s - m) in registers (online softmax: the output so far is rescaled by 2^(m_old - m_new));
+// the probabilities are rounded to the input type and fed back as A fragments of P v, so S never
+// leaves registers. Causal: tiles past the block's last row are never loaded, a warp skips the
+// tiles past its own last row, and only tiles that cross the diagonal (or the end of the keys)
+// are masked element by element. At the end each row is divided by l (l == 0, every key masked:
+// zeros) and the tile is staged in shared memory for 16-byte stores.
+//
+// Shared memory holds rows of 16-byte chunks, padded by one chunk: row r of chunk stride
+// (D / CE + 1) starts 16 * (odd) bytes further than row r - 1, so the eight rows of an ldmatrix
+// (or eight threads storing one chunk each) fall in eight distinct bank groups.
+//
+// float32 (DTYPE 0): each operand x is split into x_hi = tf32(x) and x_lo = tf32(x - x_hi), and
+// a b = a_lo b_hi + a_hi b_lo + a_hi b_hi (the dropped a_lo b_lo is about 2^-22 of a b): errors of
+// plain fp32 FMAs, at tensor-core speed. ldmatrix moves 32-bit elements as pairs of 16-bit ones,
+// so q and k use the same fragment addressing as the 16-bit types (two 16-byte chunks per k-step:
+// 16 halves or 8 floats). P v needs v's fragments transposed, which ldmatrix cannot do for 32-bit
+// elements: they are read with plain shared loads, and the keys of each 8-key step are taken in
+// the order (0, 2, 4, 6, 1, 3, 5, 7) in both P and v (a sum over keys does not depend on their
+// order), so that each thread's two scores of an accumulator tile are its A fragment as they lie.
+#if DTYPE == 3
+#error "attn_flash: float16, bfloat16 (mma.sync) or float32 (3xTF32); float64 is FAMILY 2"
+#endif
+#ifndef D
+#define D 128
+#endif
+#ifndef DV
+#define DV D
+#endif
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 64
+#endif
+#ifndef WARPS
+#define WARPS (BM / 16)
+#endif
+#ifndef VEC
+#define VEC 1
+#endif
+#ifndef QREG
+#define QREG (DTYPE != 0 && D <= 128)
+#endif
+
+#define NT (WARPS * 32)
+constexpr int CE = 16 / (int)sizeof(T);  // elements per 16-byte chunk: 8 halves or 4 floats
+constexpr int DC = D / CE, DVC = DV / CE;  // chunks per row of q / k and of v
+constexpr int QS = DC + 1, VS = DVC + 1;   // row strides in chunks (one chunk of padding)
+constexpr int OS = QS > VS ? QS : VS;      // the q tile's rows also stage the output
+constexpr int KSTEPS = DC / 2;             // k-steps of q k^T, two chunks each
+constexpr int NS = BN / 8, NO = DV / 8;    // n8 tiles of the scores and of the output, per warp
+
+static_assert(BM == 16 * WARPS, "each warp owns 16 query rows");
+static_assert(DC % 2 == 0 && DVC % 2 == 0 && BN % 16 == 0, "whole k-steps and pairs of n8 tiles");
+static_assert(!(QREG && DTYPE == 0), "float32 splits q's fragments as it reads them");
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// 2^x (MUFU): 2^-inf = 0, NaN stays NaN
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#if DTYPE == 0
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+// x (as bits) = hi + lo, both TF32 values
+__device__ __forceinline__ void split(unsigned x, unsigned& hi, unsigned& lo) {
+    const float f = __uint_as_float(x);
+    hi = to_tf32(f);
+    lo = to_tf32(f - __uint_as_float(hi));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned lds32(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
+// d += a b in three TF32 products, the small ones first
+__device__ __forceinline__ void mma3(float (&d)[4], const unsigned (&ah)[4], const unsigned (&al)[4], unsigned b0,
+                                     unsigned b1) {
+    unsigned bh0, bl0, bh1, bl1;
+    split(b0, bh0, bl0);
+    split(b1, bh1, bl1);
+    mma_tf32(d, al, bh0, bh1);
+    mma_tf32(d, ah, bl0, bl1);
+    mma_tf32(d, ah, bh0, bh1);
+}
+#else
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if DTYPE == 2
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+// two floats as two 16-bit values of the input type, `lo` in the low half
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+#if DTYPE == 2
+    return pack_bf16x2(lo, hi);
+#else
+    return pack_f16x2(lo, hi);
+#endif
+}
+#endif
+
+// Copy a ROWS x CH-chunk tile into shared memory (row stride RS chunks): element (r, c) is
+// g[r * sr + c * sc]; rows from rows_left on and columns from cols on are zeros (so padded
+// columns add nothing to q k^T, and keys past the end hold no NaN to multiply by 0 in P v).
+template <int ROWS, int CH, int RS>
+__device__ __forceinline__ void load_tile(uint4* s, const T* g, i64 sr, i64 sc, int rows_left, int cols, int tid) {
+    constexpr int TOTAL = ROWS * CH, ITER = (TOTAL + NT - 1) / NT;
+    if constexpr (NT % CH == 0 && TOTAL % NT == 0) {
+        // each thread keeps one chunk column and steps down the rows: one pointer, one add per copy
+        constexpr int STEP = NT / CH;
+        const int r0 = tid / CH, c = tid - r0 * CH;
+        const bool cok = c * CE < cols;
+#if VEC
+        const T* src = g + (i64)r0 * sr + c * CE;
+        const i64 step = STEP * sr;
+        const unsigned dst = smem_addr(s + r0 * RS + c);
+#pragma unroll
+        for (int it = 0; it < ITER; ++it, src += step) {
+            const bool ok = cok && r0 + it * STEP < rows_left;
+            cp_async16(dst + it * STEP * RS * 16, ok ? src : g, ok);
+        }
+        (void)sc;
+#else
+#pragma unroll 1
+        for (int it = 0; it < ITER; ++it) {  // element loads: one chunk at a time (registers)
+            const int r = r0 + it * STEP;
+            union {
+                uint4 u;
+                T e[CE];
+            } w;
+#pragma unroll
+            for (int q = 0; q < CE; ++q) {
+                const int col = c * CE + q;
+                w.e[q] = (r < rows_left && col < cols) ? g[(i64)r * sr + (i64)col * sc] : (T)0;
+            }
+            s[r * RS + c] = w.u;
+        }
+        (void)cok;
+#endif
+    } else {
+#if VEC
+#pragma unroll
+#else
+#pragma unroll 1
+#endif
+        for (int it = 0; it < ITER; ++it) {
+            const int idx = it * NT + tid;
+            if (TOTAL % NT != 0 && idx >= TOTAL) break;
+            const int r = idx / CH, c = idx - r * CH;
+            uint4* dst = s + r * RS + c;
+            const bool rok = r < rows_left;
+#if VEC
+            const bool ok = rok && c * CE < cols;
+            cp_async16(smem_addr(dst), ok ? g + (i64)r * sr + c * CE : g, ok);
+            (void)sc;
+#else
+            union {
+                uint4 u;
+                T e[CE];
+            } w;
+#pragma unroll
+            for (int q = 0; q < CE; ++q) {
+                const int col = c * CE + q;
+                w.e[q] = (rok && col < cols) ? g[(i64)r * sr + (i64)col * sc] : (T)0;
+            }
+            *dst = w.u;
+#endif
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V, const void* __restrict__ M,
+           T* __restrict__ O, const AttnParams p) {
+    extern __shared__ __align__(128) uint4 smem[];
+    uint4* sQ = smem;              // BM x OS chunks: the q tile, then the output tile
+    uint4* sK = sQ + BM * OS;      // two stages of BN x QS
+    uint4* sV = sK + 2 * BN * QS;  // two stages of BN x VS
+    const unsigned sQa = smem_addr(sQ), sKa = smem_addr(sK), sVa = smem_addr(sV);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3, quad = lane >> 3, l8 = lane & 7;
+    const int L = p.L, S = p.S;
+    const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;  // causal: longest rows first
+    const int m0 = mb * BM, wr0 = m0 + warp * 16;  // the block's and the warp's first query row
+    const int n_end = CAUSAL ? min(S, m0 + BM) : S;
+    const int nt = (n_end + BN - 1) / BN;
+    const float sl2 = p.scale_log2;
+#if MASK == 1
+    const unsigned char* mk = reinterpret_cast<const unsigned char*>(M);
+#elif MASK == 2
+    const T* mk = reinterpret_cast<const T*>(M);
+#else
+    (void)M;
+#endif
+
+    for (int bh = blockIdx.y; bh < p.B * p.H; bh += gridDim.y) {
+        const int b = bh / p.H, h = bh - b * p.H;
+        const T* q = Q + b * p.sq[0] + (h / p.gq) * p.sq[1] + (i64)m0 * p.sq[2];
+        const T* k = K + b * p.sk[0] + (h / p.gk) * p.sk[1];
+        const T* v = V + b * p.sv[0] + (h / p.gv) * p.sv[1];
+#if MASK
+        i64 mrow[2];  // the mask's rows of this thread's two query rows (rows past L read row L - 1)
+        {
+            const i64 base = b * p.sm[0] + (h / p.gm) * p.sm[1];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) mrow[hh] = base + (i64)min(wr0 + g + hh * 8, L - 1) * p.sm[2];
+        }
+        const i64 smc = p.sm[3];
+#endif
+        // cp.async groups, in order: (q, k0), v0, then per tile j: k[j+1], v[j+1] (empty past the
+        // end, so that "wait until at most 2 are pending" always means the one before them).
+        load_tile<BM, DC, QS>(sQ, q, p.sq[2], p.sq[3], L - m0, p.E, tid);
+        load_tile<BN, DC, QS>(sK, k, p.sk[2], p.sk[3], S, p.E, tid);
+        cp_async_commit();
+        load_tile<BN, DVC, VS>(sV, v, p.sv[2], p.sv[3], S, p.Ev, tid);
+        cp_async_commit();
+
+        float acc[NO][4];
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+        float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.0f, 0.0f};
+#if QREG
+        unsigned qf[KSTEPS][4];
+#endif
+        // this thread's ldmatrix row of the warp's q rows (A fragments: matrices rows 0-7 / 8-15
+        // x chunks 2kk / 2kk + 1)
+        const unsigned qaddr = sQa + ((warp * 16 + (quad & 1) * 8 + l8) * QS + (quad >> 1)) * 16;
+
+        for (int j = 0; j < nt; ++j) {
+            const int n0 = j * BN;
+            if (j + 1 < nt)
+                load_tile<BN, DC, QS>(sK + ((j + 1) & 1) * BN * QS, k + (i64)(n0 + BN) * p.sk[2], p.sk[2], p.sk[3],
+                                      S - n0 - BN, p.E, tid);
+            cp_async_commit();
+            cp_async_wait<2>();  // q and k[j] have landed
+            __syncthreads();     // ... for every thread; and every warp is done with v[j - 1]
+            if (j + 1 < nt)
+                load_tile<BN, DVC, VS>(sV + ((j + 1) & 1) * BN * VS, v + (i64)(n0 + BN) * p.sv[2], p.sv[2],
+                                       p.sv[3], S - n0 - BN, p.Ev, tid);
+            cp_async_commit();
+#if QREG
+            if (j == 0) {
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; ++kk) ldsm_x4(qf[kk], qaddr + kk * 32);
+            }
+#endif
+            // causal: a warp whose rows all end before this tile has nothing to do in it
+            const bool active = !CAUSAL || n0 <= wr0 + 15;
+            float s[NS][4];
+            if (active) {
+#pragma unroll
+                for (int n = 0; n < NS; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+                // -- S = q k^T: B fragments of two n8 tiles per ldmatrix.x4 (rows: keys; chunks: k)
+                const unsigned kaddr = sKa + (((j & 1) * BN + (quad >> 1) * 8 + l8) * QS + (quad & 1)) * 16;
+#if QREG
+#pragma unroll
+#elif DTYPE == 0
+#pragma unroll 1
+#else
+#pragma unroll 2
+#endif
+                for (int kk = 0; kk < KSTEPS; ++kk) {
+                    unsigned a[4];
+#if QREG
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[e] = qf[kk][e];
+#else
+                    ldsm_x4(a, qaddr + kk * 32);
+#endif
+#if DTYPE == 0
+                    unsigned ah[4], al[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) split(a[e], ah[e], al[e]);
+#endif
+#pragma unroll
+                    for (int j2 = 0; j2 < NS / 2; ++j2) {
+                        unsigned x[4];
+                        ldsm_x4(x, kaddr + (j2 * 16 * QS + kk * 2) * 16);
+#if DTYPE == 0
+                        mma3(s[2 * j2], ah, al, x[0], x[1]);
+                        mma3(s[2 * j2 + 1], ah, al, x[2], x[3]);
+#else
+                        mma16816(s[2 * j2], a, x[0], x[1]);
+                        mma16816(s[2 * j2 + 1], a, x[2], x[3]);
+#endif
+                    }
+                }
+                // -- scale into base 2, mask. s[n][e]: row g + 8 (e >> 1), key n0 + 8 n + 2 t + (e & 1)
+                const bool edge = n0 + BN > S || (CAUSAL && n0 + BN - 1 > wr0);
+#pragma unroll
+                for (int n = 0; n < NS; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int kc = n0 + n * 8 + 2 * t + (e & 1);
+                        float x = s[n][e] * sl2;
+#if MASK == 1
+                        if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
+#elif MASK == 2
+                        if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
+#endif
+                        if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
+                        s[n][e] = x;
+                    }
+                // -- online softmax: the quad of threads t = 0..3 shares rows g and g + 8
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    float mx = m_r[hh];
+#pragma unroll
+                    for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hh], s[n][2 * hh + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float base = mx == NEG_INF ? 0.0f : mx;  // nothing visible yet: 2^(-inf - 0) = 0
+                    const float alpha = ex2(m_r[hh] - base);
+                    m_r[hh] = mx;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < NS; ++n) {
+                        s[n][2 * hh] = ex2(s[n][2 * hh] - base);
+                        s[n][2 * hh + 1] = ex2(s[n][2 * hh + 1] - base);
+                        sum += s[n][2 * hh] + s[n][2 * hh + 1];
+                    }
+                    l_r[hh] = l_r[hh] * alpha + sum;  // this thread's columns: summed over the quad at the end
+#pragma unroll
+                    for (int n = 0; n < NO; ++n) {
+                        acc[n][2 * hh] *= alpha;
+                        acc[n][2 * hh + 1] *= alpha;
+                    }
+                }
+            }
+            cp_async_wait<2>();  // v[j] has landed
+            __syncthreads();     // ... for every thread; and every warp is done with k[j]
+            if (active) {
+                // -- O += P v
+#if DTYPE == 0
+                // row 2 t, column g of the stage (bytes)
+                const unsigned vaddr = sVa + ((j & 1) * BN * VS + 2 * t * VS) * 16 + g * 4;
+#pragma unroll
+                for (int kk = 0; kk < NS; ++kk) {  // 8 keys per step, in the order 0 2 4 6 1 3 5 7
+                    unsigned ah[4], al[4];
+                    split(__float_as_uint(s[kk][0]), ah[0], al[0]);
+                    split(__float_as_uint(s[kk][2]), ah[1], al[1]);
+                    split(__float_as_uint(s[kk][1]), ah[2], al[2]);
+                    split(__float_as_uint(s[kk][3]), ah[3], al[3]);
+                    // v's two values per n8 tile (rows 2 t and 2 t + 1, column g), read a tile ahead
+                    const unsigned vr = vaddr + kk * 8 * (VS * 16);
+                    unsigned b0 = lds32(vr), b1 = lds32(vr + VS * 16);
+#pragma unroll
+                    for (int n = 0; n < NO; ++n) {
+                        unsigned c0 = 0, c1 = 0;
+                        if (n + 1 < NO) {
+                            c0 = lds32(vr + (n + 1) * 32);
+                            c1 = lds32(vr + VS * 16 + (n + 1) * 32);
+                        }
+                        mma3(acc[n], ah, al, b0, b1);
+                        b0 = c0;
+                        b1 = c1;
+                    }
+                }
+#else
+                const unsigned vaddr = sVa + (((j & 1) * BN + (quad & 1) * 8 + l8) * VS + (quad >> 1)) * 16;
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) {
+                    const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+                                           pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                           pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                    for (int j2 = 0; j2 < NO / 2; ++j2) {
+                        unsigned x[4];
+                        ldsm_x4_t(x, vaddr + (kk * 16 * VS + j2 * 2) * 16);
+                        mma16816(acc[2 * j2], a, x[0], x[1]);
+                        mma16816(acc[2 * j2 + 1], a, x[2], x[3]);
+                    }
+                }
+#endif
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // every warp is done with the q tile: its rows stage the output
+
+        // -- epilogue: divide by l (0 when every key was masked), stage, 16-byte stores
+        float inv[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float l = l_r[hh];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[hh] = l == 0.0f ? 0.0f : 1.0f / l;
+        }
+        T* st = reinterpret_cast<T*>(sQ + warp * 16 * OS);  // the warp's 16 rows, OS * CE elements apart
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                T* d = st + (g + hh * 8) * (OS * CE) + n * 8 + 2 * t;
+#if DTYPE == 0
+                *reinterpret_cast<float2*>(d) = make_float2(acc[n][2 * hh] * inv[hh], acc[n][2 * hh + 1] * inv[hh]);
+#else
+                *reinterpret_cast<unsigned*>(d) = pack2(acc[n][2 * hh] * inv[hh], acc[n][2 * hh + 1] * inv[hh]);
+#endif
+            }
+        __syncwarp();
+        const int Ev = p.Ev;
+        const bool vec_out = Ev % CE == 0;  // rows start 16-byte aligned
+        T* out = O + ((i64)bh * L + wr0) * Ev;
+        for (int idx = lane; idx < 16 * DVC; idx += 32) {
+            const int row = idx / DVC, c = idx - row * DVC;
+            if (wr0 + row >= L || c * CE >= Ev) continue;
+            const T* src = st + row * (OS * CE) + c * CE;
+            T* dst = out + (i64)row * Ev + c * CE;
+            if (vec_out) {
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            } else {
+#pragma unroll
+                for (int e = 0; e < CE; ++e)
+                    if (c * CE + e < Ev) dst[e] = src[e];
+            }
+        }
+        __syncthreads();  // the next (batch, head) reloads the q tile
+    }
+}
+
+// ===============================================================================================
+#elif FAMILY == 2
+// The online softmax in plain FMAs, for float64 (and any dtype: every stride, every size). One
+// block per (tile of BM = 4 WARPS query rows, batch x head); the q tile, one key tile and one
+// value tile in shared memory as ACC (rows padded to an odd stride). Per key tile: every thread
+// computes BM * BN / threads scores (a dot product over E from shared memory); each warp then
+// takes its 4 rows: scale, mask, the running max and sum (warp shuffles), the probabilities back
+// in place; and accumulates P v for its 4 rows, each lane owning the columns lane + 32 c of Ev.
+#ifndef WARPS
+#define WARPS 4
+#endif
+#ifndef BN
+#define BN 32
+#endif
+#ifndef DV
+#define DV 32
+#endif
+#define NT (WARPS * 32)
+#define RPW 4              // query rows per warp
+#define BM (WARPS * RPW)
+#define OC (DV / 32)       // output columns per lane
+static_assert(DV % 32 == 0 && NT % BN == 0, "whole columns per lane, whole rows of scores per pass");
+
+__device__ __forceinline__ ACC warp_max_acc(ACC v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ ACC warp_sum_acc(ACC v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+attn_simt(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V, const void* __restrict__ M,
+          T* __restrict__ O, const AttnParams p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int E = p.E, Ev = p.Ev, L = p.L, S = p.S;
+    const int ES = E | 1, PS = BN + 1;  // odd row strides
+    ACC* sQ = reinterpret_cast<ACC*>(smem_raw);  // BM x ES
+    ACC* sK = sQ + BM * ES;                      // BN x ES
+    ACC* sV = sK + BN * ES;                      // BN x DV
+    ACC* sP = sV + BN * DV;                      // BM x PS: scores, then probabilities
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int m0 = mb * BM;
+    const int n_end = CAUSAL ? min(S, m0 + BM) : S;
+    const ACC scale = (ACC)p.scale;
+#if MASK == 1
+    const unsigned char* mk = reinterpret_cast<const unsigned char*>(M);
+#elif MASK == 2
+    const T* mk = reinterpret_cast<const T*>(M);
+#else
+    (void)M;
+#endif
+
+    for (int bh = blockIdx.y; bh < p.B * p.H; bh += gridDim.y) {
+        const int b = bh / p.H, h = bh - b * p.H;
+        const T* q = Q + b * p.sq[0] + (h / p.gq) * p.sq[1];
+        const T* k = K + b * p.sk[0] + (h / p.gk) * p.sk[1];
+        const T* v = V + b * p.sv[0] + (h / p.gv) * p.sv[1];
+#if MASK
+        const i64 mbase = b * p.sm[0] + (h / p.gm) * p.sm[1];
+#endif
+        __syncthreads();  // the previous (batch, head) is done with shared memory
+        for (int idx = tid; idx < BM * E; idx += NT) {
+            const int r = idx / E, e = idx - r * E;
+            sQ[r * ES + e] = m0 + r < L ? to_acc(q[(i64)(m0 + r) * p.sq[2] + e * p.sq[3]]) : (ACC)0;
+        }
+        ACC o[RPW][OC], m_r[RPW], l_r[RPW];
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+            m_r[rr] = ACC_NEG_INF;
+            l_r[rr] = 0;
+#pragma unroll
+            for (int c = 0; c < OC; ++c) o[rr][c] = 0;
+        }
+        for (int n0 = 0; n0 < n_end; n0 += BN) {
+            __syncthreads();  // every warp is done with the last tiles
+            for (int idx = tid; idx < BN * E; idx += NT) {
+                const int r = idx / E, e = idx - r * E;
+                sK[r * ES + e] = n0 + r < S ? to_acc(k[(i64)(n0 + r) * p.sk[2] + e * p.sk[3]]) : (ACC)0;
+            }
+            for (int idx = tid; idx < BN * DV; idx += NT) {
+                const int r = idx / DV, c = idx - r * DV;
+                sV[idx] = n0 + r < S && c < Ev ? to_acc(v[(i64)(n0 + r) * p.sv[2] + c * p.sv[3]]) : (ACC)0;
+            }
+            __syncthreads();
+            for (int idx = tid; idx < BM * BN; idx += NT) {
+                const int r = idx / BN, c = idx - r * BN;
+                const ACC* qr = sQ + r * ES;
+                const ACC* kr = sK + c * ES;
+                ACC dot = 0;
+                for (int e = 0; e < E; ++e) dot = fma(qr[e], kr[e], dot);
+                sP[r * PS + c] = dot;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int rr = 0; rr < RPW; ++rr) {
+                const int r = warp * RPW + rr, i = m0 + r;
+#if MASK
+                const i64 mrow = mbase + (i64)min(i, L - 1) * p.sm[2];
+#endif
+                ACC mx = ACC_NEG_INF;
+                for (int c = lane; c < BN; c += 32) {
+                    const int kc = n0 + c;
+                    ACC x = sP[r * PS + c] * scale;
+#if MASK == 1
+                    if (kc < S && !mk[mrow + kc * p.sm[3]]) x = ACC_NEG_INF;
+#elif MASK == 2
+                    if (kc < S) x += to_acc(mk[mrow + kc * p.sm[3]]);
+#endif
+                    if (kc >= S || (CAUSAL && kc > i)) x = ACC_NEG_INF;
+                    sP[r * PS + c] = x;
+                    mx = fmax(mx, x);
+                }
+                mx = fmax(m_r[rr], warp_max_acc(mx));
+                const ACC base = mx == ACC_NEG_INF ? (ACC)0 : mx;
+                const ACC alpha = acc_exp(m_r[rr] - base);
+                m_r[rr] = mx;
+                ACC sum = 0;
+                for (int c = lane; c < BN; c += 32) {
+                    const ACC e = acc_exp(sP[r * PS + c] - base);
+                    sP[r * PS + c] = e;
+                    sum += e;
+                }
+                l_r[rr] = l_r[rr] * alpha + warp_sum_acc(sum);
+#pragma unroll
+                for (int c = 0; c < OC; ++c) o[rr][c] *= alpha;
+            }
+            __syncwarp();  // this warp's rows of P are written (no other warp reads them)
+            for (int c = 0; c < BN; ++c) {
+                ACC vc[OC];
+#pragma unroll
+                for (int oc = 0; oc < OC; ++oc) vc[oc] = sV[c * DV + oc * 32 + lane];
+#pragma unroll
+                for (int rr = 0; rr < RPW; ++rr) {
+                    const ACC pr = sP[(warp * RPW + rr) * PS + c];
+#pragma unroll
+                    for (int oc = 0; oc < OC; ++oc) o[rr][oc] = fma(pr, vc[oc], o[rr][oc]);
+                }
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+            const int i = m0 + warp * RPW + rr;
+            if (i >= L) continue;
+            const ACC inv = l_r[rr] == 0 ? (ACC)0 : (ACC)1 / l_r[rr];
+            T* out = O + ((i64)bh * L + i) * Ev;
+#pragma unroll
+            for (int oc = 0; oc < OC; ++oc) {
+                const int col = oc * 32 + lane;
+                if (col < Ev) out[col] = from_acc(o[rr][oc] * inv);
+            }
+        }
+    }
+}
+
+// ===============================================================================================
+#elif FAMILY == 3
+// The composite's softmax: one block per row of the score buffer X (B x H x L rows of S scores,
+// C-contiguous, ACC), rewritten in place as probabilities: x * scale, the mask and the causal
+// cut applied as the flash kernel applies them; an online max and sum in one pass (per thread,
+// then merged across the block), the probabilities in a second pass. A row with every key masked
+// gives zeros; a NaN gives a NaN row.
+#ifndef THREADS
+#define THREADS 256
+#endif
+
+__device__ __forceinline__ void merge_stats(ACC& m, ACC& l, ACC m2, ACC l2) {
+    const ACC mn = fmax(m, m2);
+    if (mn != ACC_NEG_INF) l = l * acc_exp(m - mn) + l2 * acc_exp(m2 - mn);
+    else l = l + l2;  // both empty (0), or NaN carried
+    m = mn;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+attn_softmax(ACC* __restrict__ X, const void* __restrict__ M, const AttnParams p) {
+    __shared__ ACC red_m[THREADS / 32], red_l[THREADS / 32];
+    const i64 row = blockIdx.x;
+    const int L = p.L, S = p.S;
+    const i64 bh = row / L;
+    const int i = (int)(row - bh * L), b = (int)(bh / p.H), h = (int)(bh - (i64)b * p.H);
+    ACC* x = X + row * S;
+    const int visible = CAUSAL ? min(S, i + 1) : S;
+    const ACC scale = (ACC)p.scale;
+#if MASK == 1
+    const unsigned char* mk = reinterpret_cast<const unsigned char*>(M) + b * p.sm[0] + (h / p.gm) * p.sm[1] +
+                              i * p.sm[2];
+#elif MASK == 2
+    const T* mk = reinterpret_cast<const T*>(M) + b * p.sm[0] + (h / p.gm) * p.sm[1] + i * p.sm[2];
+#else
+    (void)M;
+    (void)b;
+    (void)h;
+#endif
+    auto score = [&](int c) -> ACC {
+        if (c >= visible) return ACC_NEG_INF;
+        ACC s = x[c] * scale;
+#if MASK == 1
+        if (!mk[c * p.sm[3]]) s = ACC_NEG_INF;
+#elif MASK == 2
+        s += to_acc(mk[c * p.sm[3]]);
+#endif
+        return s;
+    };
+    ACC m = ACC_NEG_INF, l = 0;
+    for (int c = threadIdx.x; c < S; c += THREADS) {
+        const ACC s = score(c);
+        if (s == ACC_NEG_INF) continue;
+        if (s > m) {
+            l = l * acc_exp(m - s) + (ACC)1;
+            m = s;
+        } else {
+            l += acc_exp(s - m);  // NaN: carried into l
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        red_m[warp] = m;
+        red_l[warp] = l;
+    }
+    __syncthreads();
+    m = red_m[0];
+    l = red_l[0];
+#pragma unroll
+    for (int w = 1; w < THREADS / 32; ++w) merge_stats(m, l, red_m[w], red_l[w]);
+    const ACC inv = l == 0 ? (ACC)0 : (ACC)1 / l;
+    const ACC base = m == ACC_NEG_INF ? (ACC)0 : m;
+    for (int c = threadIdx.x; c < S; c += THREADS) x[c] = acc_exp(score(c) - base) * inv;
+}
+#endif
