@@ -62,7 +62,10 @@ class CpuDevice(DeviceProvider):
         return {"name": self.name, "cpu": self.description, "cores": str(os.cpu_count()), "numpy": np.__version__}
 
     def info(self) -> dict[str, str]:
-        return {"cores": str(os.cpu_count()), "numpy": np.__version__}
+        """Cores, NumPy, and numba: its version, threads and cache, or why its kernels are absent."""
+        from . import jit
+
+        return {"cores": str(os.cpu_count()), "numpy": np.__version__, **jit.info()}
 
 
 def available_memory() -> int | None:

@@ -6,6 +6,11 @@ variance, scale, weight, bias) runs while it is in cache. float16 is computed in
 float32 and float64 in their own precision (the row sums are NumPy's pairwise sums).
 batch_norm folds the running statistics, weight and bias into one scale and shift per channel
 (``y = x * scale + shift``), computed in float64 and applied in the computation dtype.
+
+With numba (:mod:`.jit`), ``numpy.layer_norm.numba`` and ``numpy.rms_norm.numba`` read the input
+once: rows run in parallel, and each row, in cache, takes its mean, the mean square of the
+centred row (two vectorized passes, as the float64 reference computes it) and one output pass
+``(x - mean) * rstd * w + b``. float16 is computed in float32.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
+from . import jit
 from .matmul import CPU_BYTES, CPU_FLOPS
 
 #: bytes of the computation dtype per block of rows: a working set that stays in L2
@@ -117,9 +123,46 @@ def cost(problem: Problem, config: Any) -> float:
     return roofline(6.0 * n, 2.0 * n * itemsize(problem.dtype), CPU_FLOPS, CPU_BYTES, 3e-6)
 
 
+def prepare_numba(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.<op>.numba``: the input as (rows, cols) (a view where NumPy can make
+    one: numba reads strided rows in place), weight and bias in the computation dtype."""
+    nb = jit.loops("_nb_rows")
+    shape = problem.shapes[0]
+    cols = math.prod(shape[len(shape) - problem.attrs["dims"]:])
+    rows = math.prod(shape) // cols
+    rms = problem.op == "rms_norm"
+    eps = problem.attrs["eps"]
+    eps = DEFAULT_EPS[problem.dtype] if eps is None else eps
+    acc = _acc(np.dtype(problem.dtype))
+    absent = np.zeros(1, acc)
+
+    @_quiet
+    def launch(x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
+        w, b = _vectors(problem, vecs, acc)
+        x2 = x.reshape(rows, cols).astype(acc, copy=False)
+        out = np.empty((rows, cols), acc)
+        jit.call(nb.norm_rows, x2, out, absent if w is None else w, absent if b is None else b, w is not None,
+                 b is not None, rms, eps)
+        return out.reshape(shape).astype(x.dtype, copy=False)
+
+    return jit.first_use(f"numpy.{problem.op}.numba", launch)
+
+
+def numba_cost(problem: Problem, config: Any) -> float:
+    """One read and one write (float16: and the float32 copies), across the threads."""
+    n = math.prod(problem.out_shape)
+    moved = 2.0 * n * (6 if problem.dtype == "float16" else itemsize(problem.dtype))
+    return roofline(6.0 * n, moved, CPU_FLOPS * 4, CPU_BYTES * 1.5, 6e-6)
+
+
 def kernels() -> list[Kernel]:
-    return [
+    out = [
         Kernel("layer_norm", "numpy.layer_norm.blocked", "cpu", FLOATS, layer_norm, cost=cost),
         Kernel("rms_norm", "numpy.rms_norm.blocked", "cpu", FLOATS, rms_norm, cost=cost),
         Kernel("batch_norm", "numpy.batch_norm.affine", "cpu", FLOATS, batch_norm, cost=cost),
     ]
+    if jit.available():
+        src = jit.source("_nb_rows")
+        out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src)
+                for op in ("layer_norm", "rms_norm")]
+    return out

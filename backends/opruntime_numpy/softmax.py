@@ -1,5 +1,15 @@
-"""softmax / log_softmax in as few passes as NumPy allows: max, one subtract into the output
-buffer, exp in place, sum, and an in-place scale (or log-sum-exp subtraction)."""
+"""softmax / log_softmax on the CPU, two kernels each:
+
+* ``numpy.<op>.fused``: as few passes as NumPy allows: max, one subtract into the output buffer,
+  exp in place, sum, and an in-place scale (or log-sum-exp subtraction). Every pass reads and
+  writes the whole array.
+* ``numpy.<op>.numba`` (with numba, :mod:`.jit`): one read of the input. Along a contiguous axis,
+  rows run in parallel and each row is processed while it is in cache (max, exp into the output
+  and sum, scale; log_softmax: max, sum of exps, ``x - max - log(sum)``), with a vectorized exp
+  (:mod:`._nb_math`); rows longer than :data:`ROW_BLOCK` take an online pass over blocks (running
+  max, rescaled sum) and an output pass. Along a strided axis, blocks of columns whose tile stays
+  in cache run in parallel, vectorized across the columns. float16 is computed in float32.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +20,13 @@ import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
+from . import jit
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
+
+#: elements of a row processed in cache with three passes; longer rows go online over blocks of it
+ROW_BLOCK = 16384
+#: bytes of a (reduced length x column block) tile of the strided-axis path: it stays in L2
+COL_TILE = 256 << 10
 
 # -inf rows give inf - inf = NaN, as the reference does. errstate as a decorator is the cheapest
 # thread-safe way to keep NumPy quiet about it (half the cost of a `with` block per call).
@@ -43,8 +59,47 @@ def cost(problem: Problem, config: Any) -> float:
     return roofline(5.0 * n, 4.0 * n * itemsize(problem.dtype), CPU_FLOPS, CPU_BYTES, 2e-6)
 
 
+def prepare_numba(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.<op>.numba``: the input seen as (outer, n) rows when the axis is
+    the last one that is not 1, else as (outer, n, inner); a view where NumPy can make one (numba
+    reads strided views in place), a copy otherwise."""
+    nb = jit.loops("_nb_rows")
+    shape = problem.shapes[0]
+    axis = problem.attrs["axis"]
+    outer, n, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    log = problem.op == "log_softmax"
+    f16 = problem.dtype == "float16"
+    width = max(16, min(inner, (COL_TILE // (n * 4)) // 16 * 16))
+
+    @_quiet
+    def launch(x: np.ndarray) -> np.ndarray:
+        if f16:
+            x = x.astype(np.float32)
+        out = np.empty((outer, n, inner), x.dtype)
+        if inner == 1:
+            jit.call(nb.softmax_rows, x.reshape(outer, n), out.reshape(outer, n), log, ROW_BLOCK)
+        else:
+            jit.call(nb.softmax_cols, x.reshape(outer, n, inner), out, log, width)
+        out = out.reshape(shape)
+        return out.astype(np.float16) if f16 else out
+
+    return jit.first_use(f"numpy.{problem.op}.numba", launch)
+
+
+def numba_cost(problem: Problem, config: Any) -> float:
+    """One read and one write (float16: and its float32 copies), across the threads."""
+    n = math.prod(problem.out_shape)
+    moved = 2.0 * n * (6 if problem.dtype == "float16" else itemsize(problem.dtype))
+    return roofline(5.0 * n, moved, CPU_FLOPS * 4, CPU_BYTES * 1.5, 6e-6)
+
+
 def kernels() -> list[Kernel]:
-    return [
+    out = [
         Kernel("softmax", "numpy.softmax.fused", "cpu", FLOATS, softmax, cost=cost),
         Kernel("log_softmax", "numpy.log_softmax.fused", "cpu", FLOATS, log_softmax, cost=cost),
     ]
+    if jit.available():
+        src = jit.source("_nb_rows")
+        out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src)
+                for op in ("softmax", "log_softmax")]
+    return out

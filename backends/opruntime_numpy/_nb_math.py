@@ -1,0 +1,191 @@
+"""Scalar building blocks of the numba kernels (imported only through :mod:`.jit`, which sets up
+numba's disk cache first): functions the loops call per element, written so that LLVM
+vectorizes the loops around them.
+
+numba calls libm for ``math.exp`` and ``math.erfc``, one element at a time (this machine's numba
+has no SVML), and it vectorizes no floating-point reduction unless the whole function is
+compiled with fast-math, whose ``nnan`` / ``ninf`` flags would break the NaN and infinity
+semantics the conformance suite checks. So instead:
+
+* :func:`exp` is Cephes' ``expf`` / ``exp`` (a Cody-Waite reduction and a minimax polynomial,
+  resp. a Padé form) with the power of two built from its bits: branch-free, vectorizable, within
+  2 ulp in float32 and 1 ulp in float64, exact at 0 (``exp(0) == 1``), with IEEE results at the
+  edges (``exp(-inf) == 0``, overflow to ``inf``, subnormal results, NaN kept).
+* :func:`radd` is an addition that alone carries LLVM's ``reassoc`` flag: a sum accumulated with
+  it is vectorized (partial sums per lane), nothing else in the function may be reordered.
+* :func:`maxnum` is ``llvm.maxnum`` (the larger of two, ignoring a NaN operand), which LLVM
+  vectorizes as a reduction. The kernels that reduce with it get NaN from the sums that follow.
+* :func:`fma` is ``llvm.fmuladd`` (fused where the CPU has FMA) for the polynomials.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+F32 = np.float32
+
+
+def _binary_intrinsic(name: str):
+    @intrinsic
+    def call(typingctx, a, b):
+        if not isinstance(a, types.Float) or a != b:
+            return None
+
+        def codegen(context, builder, signature, args):
+            t = args[0].type
+            fn = builder.module.declare_intrinsic(name, [t], ir.FunctionType(t, [t, t]))
+            return builder.call(fn, args)
+
+        return a(a, a), codegen
+
+    return call
+
+
+maxnum = _binary_intrinsic("llvm.maxnum")
+minnum = _binary_intrinsic("llvm.minnum")
+
+
+@intrinsic
+def radd(typingctx, a, b):
+    """``a + b`` that LLVM may reassociate (for vectorized sums only)."""
+    if not isinstance(a, types.Float) or a != b:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fadd(args[0], args[1], flags=("reassoc",))
+
+    return a(a, a), codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """``a * b + c``, fused where the CPU has FMA (``llvm.fmuladd``)."""
+    if not isinstance(a, types.Float) or not a == b == c:
+        return None
+
+    def codegen(context, builder, signature, args):
+        t = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.fmuladd", [t], ir.FunctionType(t, [t, t, t]))
+        return builder.call(fn, args)
+
+    return a(a, a, a), codegen
+
+
+@intrinsic
+def _pow2_f32(typingctx, n):
+    """``2.0 ** n`` as a float32 for an integer ``n`` in [-126, 127] (built from its bits)."""
+    if not isinstance(n, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        k = builder.trunc(args[0], i32) if n.bitwidth > 32 else builder.sext(args[0], i32) if n.bitwidth < 32 \
+            else args[0]
+        bits = builder.shl(builder.add(k, ir.Constant(i32, 127)), ir.Constant(i32, 23))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(n), codegen
+
+
+@intrinsic
+def _pow2_f64(typingctx, n):
+    """``2.0 ** n`` as a float64 for an integer ``n`` in [-1022, 1023]."""
+    if not isinstance(n, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        k = builder.sext(args[0], i64) if n.bitwidth < 64 else args[0]
+        bits = builder.shl(builder.add(k, ir.Constant(i64, 1023)), ir.Constant(i64, 52))
+        return builder.bitcast(bits, ir.DoubleType())
+
+    return types.float64(n), codegen
+
+
+@njit(error_model="numpy")
+def exp32(x):
+    """Cephes ``expf``: float32 ``e ** x`` within 2 ulp (inputs clamped so the integer part stays
+    in range; the power of two applied in two halves, so results near overflow and subnormal
+    results are right)."""
+    xc = minnum(maxnum(x, F32(-104.0)), F32(88.8))  # maxnum: a NaN input becomes -104 here
+    n = np.floor(fma(xc, F32(1.44269504088896341), F32(0.5)))
+    r = fma(n, F32(-0.693359375), xc)
+    r = fma(n, F32(2.12194440e-4), r)
+    p = fma(F32(1.9875691500e-4), r, F32(1.3981999507e-3))
+    p = fma(p, r, F32(8.3334519073e-3))
+    p = fma(p, r, F32(4.1665795894e-2))
+    p = fma(p, r, F32(1.6666665459e-1))
+    p = fma(p, r, F32(5.0000001201e-1))
+    p = fma(p, r * r, r) + F32(1.0)
+    k = np.int32(n)
+    h = k >> 1
+    y = p * _pow2_f32(h) * _pow2_f32(k - h)
+    return x if x != x else y
+
+
+@njit(error_model="numpy")
+def exp64(x):
+    """Cephes ``exp``: float64 ``e ** x`` within 1 ulp (a Padé form in ``r * r``)."""
+    xc = minnum(maxnum(x, -746.0), 710.0)
+    n = np.floor(fma(xc, 1.4426950408889634073599, 0.5))
+    r = fma(n, -6.93145751953125e-1, xc)
+    r = fma(n, -1.42860682030941723212e-6, r)
+    rr = r * r
+    px = r * fma(fma(1.26177193074810590878e-4, rr, 3.02994407707441961300e-2), rr, 9.99999999999999999910e-1)
+    qx = fma(fma(fma(3.00198505138664455042e-6, rr, 2.52448340349684104192e-3), rr, 2.27265548208155028766e-1),
+             rr, 2.0)
+    p = 1.0 + 2.0 * (px / (qx - px))
+    k = np.int64(n)
+    h = k >> np.int64(1)
+    y = p * _pow2_f64(h) * _pow2_f64(k - h)
+    return x if x != x else y
+
+
+@njit(error_model="numpy")
+def erfc32(z):
+    """float32 ``erfc(z)`` by Numerical Recipes' ``erfcc`` fit (relative error below 1.2e-7 for every
+    z: no cancellation for large positive z), as the CUDA backend's epilogue."""
+    a = abs(z)
+    t = F32(1.0) / fma(F32(0.5), a, F32(1.0))
+    p = fma(t, F32(0.17087277), F32(-0.82215223))
+    p = fma(t, p, F32(1.48851587))
+    p = fma(t, p, F32(-1.13520398))
+    p = fma(t, p, F32(0.27886807))
+    p = fma(t, p, F32(-0.18628806))
+    p = fma(t, p, F32(0.09678418))
+    p = fma(t, p, F32(0.37409196))
+    p = fma(t, p, F32(1.00002368))
+    p = fma(t, p, F32(-1.26551223))
+    r = t * exp32(p - a * a)
+    return F32(2.0) - r if z < F32(0.0) else r
+
+
+@njit(error_model="numpy")
+def tanh32(x):
+    """float32 ``tanh``: Cephes' odd polynomial below 0.625, else ``1 - 2 / (exp(2|x|) + 1)``."""
+    a = abs(x)
+    z = x * x
+    p = fma(F32(-5.70498872745e-3), z, F32(2.06390887954e-2))
+    p = fma(p, z, F32(-5.37397155531e-2))
+    p = fma(p, z, F32(1.33314422036e-1))
+    p = fma(p, z, F32(-3.33332819422e-1))
+    small = fma(p * z, x, x)
+    big = F32(1.0) - F32(2.0) / (exp32(a + a) + F32(1.0))
+    big = big if x >= F32(0.0) else -big
+    return small if a < F32(0.625) else big
+
+
+# the float64 forms: libm where a vectorizable form of full float64 accuracy would be long
+@njit(error_model="numpy")
+def erfc64(z):
+    return math.erfc(z)
+
+
+@njit(error_model="numpy")
+def tanh64(x):
+    return math.tanh(x)

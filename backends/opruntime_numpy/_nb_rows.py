@@ -1,0 +1,181 @@
+"""numba loops of the row-wise operators: softmax / log_softmax and layer_norm / rms_norm (imported
+through :mod:`.jit` only). Rows run in parallel (``prange``); within a row every loop is
+vectorized (see :mod:`._nb_math`). Arrays come in any layout numba takes (C-contiguous views get
+the vectorized specialization, strided views a specialization of their own); outputs are
+C-contiguous. float32 and float64 are computed natively (the launchers widen float16 to float32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+from numba.extending import overload
+
+from ._nb_math import exp32, exp64, maxnum, radd
+
+#: no fastmath (NaN and inf keep their IEEE meaning); IEEE division (x / 0 is inf or NaN, never an exception)
+OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
+
+
+def fexp(x):  # pragma: no cover - replaced by the overload inside compiled code
+    raise NotImplementedError
+
+
+@overload(fexp)
+def _fexp(x):
+    from numba import types
+
+    if x == types.float32:
+        return lambda x: exp32(x)
+    if x == types.float64:
+        return lambda x: exp64(x)
+    return None
+
+
+# -- softmax / log_softmax ----------------------------------------------------------------------------
+
+@njit(error_model="numpy")
+def _row(x, out, log, block):
+    """One row: in cache (up to ``block`` elements) three passes (max; exp into ``out`` and sum;
+    scale), else an online pass over blocks (running max and rescaled sum, each element's exp
+    once) and an output pass. NaN, +inf and rows of -inf give what the float64 reference gives."""
+    n = x.shape[0]
+    ninf = x.dtype.type(-np.inf)
+    zero = x.dtype.type(0.0)
+    if n <= block:
+        m = x[0]
+        for j in range(n):
+            m = maxnum(m, x[j])
+        s = zero
+        if log:
+            for j in range(n):
+                s = radd(s, fexp(x[j] - m))
+            c = m + x.dtype.type(math.log(s))
+            for j in range(n):
+                out[j] = x[j] - c
+        else:
+            for j in range(n):
+                p = fexp(x[j] - m)
+                out[j] = p
+                s = radd(s, p)
+            inv = x.dtype.type(1.0) / s
+            for j in range(n):
+                out[j] = out[j] * inv
+        return
+    big_m = ninf
+    big_s = zero
+    for j0 in range(0, n, block):
+        j1 = min(n, j0 + block)
+        mb = ninf
+        for j in range(j0, j1):
+            mb = maxnum(mb, x[j])
+        mn = maxnum(big_m, mb)
+        sb = zero
+        if mn == ninf:  # every value so far -inf (contributes 0) or NaN (kept)
+            for j in range(j0, j1):
+                v = x[j]
+                sb = radd(sb, zero if v == ninf else v)
+            big_s = big_s + sb
+            continue
+        if big_m != mn:
+            big_s = big_s * fexp(big_m - mn)
+            big_m = mn
+        for j in range(j0, j1):
+            sb = radd(sb, fexp(x[j] - big_m))
+        big_s = big_s + sb
+    if log:
+        c = big_m + x.dtype.type(math.log(big_s))
+        for j in range(n):
+            out[j] = x[j] - c
+    else:
+        inv = x.dtype.type(1.0) / big_s
+        for j in range(n):
+            out[j] = fexp(x[j] - big_m) * inv
+
+
+@njit(parallel=True, **OPTIONS)
+def softmax_rows(x, out, log, block):
+    """softmax (``log``: log_softmax) of each row of the 2-D ``x`` into ``out``."""
+    for r in prange(x.shape[0]):
+        _row(x[r], out[r], log, block)
+
+
+@njit(parallel=True, **OPTIONS)
+def softmax_cols(x, out, log, width):
+    """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``: per outer index and
+    block of ``width`` columns (the tile stays in cache), a max pass, an exp pass writing ``out``
+    and summing per column, and a scale pass, each vectorized across the columns."""
+    outer, n, inner = x.shape
+    blocks = (inner + width - 1) // width
+    for t in prange(outer * blocks):
+        o = t // blocks
+        c0 = (t % blocks) * width
+        c1 = min(inner, c0 + width)
+        w = c1 - c0
+        m = np.empty(w, x.dtype)
+        s = np.zeros(w, x.dtype)
+        for c in range(w):
+            m[c] = x[o, 0, c0 + c]
+        for i in range(n):
+            for c in range(w):
+                m[c] = maxnum(m[c], x[o, i, c0 + c])
+        if log:
+            for i in range(n):
+                for c in range(w):
+                    s[c] += fexp(x[o, i, c0 + c] - m[c])
+            for c in range(w):
+                m[c] = m[c] + x.dtype.type(math.log(s[c]))
+            for i in range(n):
+                for c in range(w):
+                    out[o, i, c0 + c] = x[o, i, c0 + c] - m[c]
+        else:
+            for i in range(n):
+                for c in range(w):
+                    p = fexp(x[o, i, c0 + c] - m[c])
+                    out[o, i, c0 + c] = p
+                    s[c] += p
+            for c in range(w):
+                s[c] = x.dtype.type(1.0) / s[c]
+            for i in range(n):
+                for c in range(w):
+                    out[o, i, c0 + c] = out[o, i, c0 + c] * s[c]
+
+
+# -- layer_norm / rms_norm ------------------------------------------------------------------------------
+
+@njit(parallel=True, **OPTIONS)
+def norm_rows(x, out, w, b, has_w, has_b, rms, eps):
+    """layer_norm (``rms``: rms_norm) of each row of the 2-D ``x``: the mean, then the mean square
+    of the centred row (two passes over a row in cache, as the float64 reference computes it),
+    then ``(x - mean) / sqrt(var + eps) * w + b`` in one output pass."""
+    rows, n = x.shape
+    zero = x.dtype.type(0.0)
+    inv_n = x.dtype.type(1.0 / n)
+    e = x.dtype.type(eps)
+    for r in prange(rows):
+        xr = x[r]
+        yr = out[r]
+        mean = zero
+        if not rms:
+            for j in range(n):
+                mean = radd(mean, xr[j])
+            mean = mean * inv_n
+        ss = zero
+        for j in range(n):
+            d = xr[j] - mean
+            ss = radd(ss, d * d)
+        rstd = x.dtype.type(1.0) / np.sqrt(ss * inv_n + e)
+        if has_w and has_b:
+            for j in range(n):
+                yr[j] = (xr[j] - mean) * rstd * w[j] + b[j]
+        elif has_w:
+            for j in range(n):
+                yr[j] = (xr[j] - mean) * rstd * w[j]
+        elif has_b:
+            for j in range(n):
+                yr[j] = (xr[j] - mean) * rstd + b[j]
+        else:
+            for j in range(n):
+                yr[j] = (xr[j] - mean) * rstd

@@ -1,0 +1,178 @@
+"""numba plumbing of the cpu backend: whether its compiled kernels are offered, where numba caches
+them, and compiling them on first use.
+
+The compiled kernels (``numpy.<op>.numba``) are registered beside the NumPy ones when numba is
+installed (the ``cpu`` extra: ``pip install 'opruntime[cpu]'``); the selector picks per problem.
+Their loops live in this package's ``_nb_*`` modules, which import numba at the top: nothing
+imports them until a numba kernel is prepared (:func:`loops`), so importing the backend, listing
+its kernels or running NumPy kernels never loads numba (about 0.7 s).
+
+**The disk cache.** Every loop is ``@njit(cache=True)``, and numba's cache for this package's
+files is put beside the tuning cache (``opruntime.cache.default_dir() / "numba"``, so
+``OPRUNTIME_CACHE_DIR`` moves both) by a cache locator registered before the first loop module
+is imported; it applies to this package's files only (a user's own numba functions keep numba's
+usual places). A directory that cannot be written falls back to numba's own locators. A cached
+kernel loads in milliseconds in a later process; numba keys the entries by source file stamp
+and CPU, so an edited loop or another machine recompiles.
+
+**First use.** A kernel's launcher compiles (or loads) its loop for the operands' types on its
+first call; :data:`COMPILE_S` keeps how long that took per kernel (and the tuner, which times a
+candidate's first call as part of its budget, counts it). Without numba, :func:`missing` says
+why, the device's ``info()`` shows it (``opruntime info``) and only the NumPy kernels register.
+
+**Threads.** The loops release the GIL (``nogil``) and run their rows in parallel with
+``prange`` on numba's threading layer. numba's fallback layer, ``workqueue``, must not be
+entered by two threads at once, so while it is the layer in use the launchers take a lock
+(:func:`call`); OpenMP and TBB need none.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from opruntime.errors import KernelError
+
+#: kernel name -> seconds its first call spent compiling its loops (or loading them from the disk
+#: cache) in this process
+COMPILE_S: dict[str, float] = {}
+
+_HERE = Path(__file__).resolve().parent
+_lock = threading.RLock()
+_state: dict[str, Any] = {}  # "numba": the module once set up; "error": why it could not be
+
+
+def missing() -> str | None:
+    """Why the numba kernels are not offered, or None when they are (numba importable)."""
+    if "error" in _state:
+        return _state["error"]
+    if importlib.util.find_spec("numba") is None:
+        return "numba is not installed: only the NumPy kernels run (pip install 'opruntime[cpu]' adds compiled ones)"
+    return None
+
+
+def available() -> bool:
+    """Whether the numba kernels are registered."""
+    return missing() is None
+
+
+def cache_dir() -> Path:
+    """Where numba keeps the compiled kernels: beside the tuning cache."""
+    from opruntime.cache import default_dir
+
+    return default_dir() / "numba"
+
+
+def source(*modules: str) -> str:
+    """The text of loop modules (a kernel's ``source``: a changed loop invalidates its tuning)."""
+    return "\n".join((_HERE / f"{m}.py").read_text() for m in ("_nb_math", *modules))
+
+
+def loops(name: str) -> Any:
+    """The loop module ``name`` (``"_nb_rows"``...), imported after numba's cache is set up.
+
+    Raises:
+        KernelError: numba cannot be imported (the kernel fails; the selector runs the next).
+    """
+    with _lock:
+        if "numba" not in _state:
+            if "error" in _state:
+                raise KernelError(_state["error"])
+            try:
+                _state["numba"] = _setup()
+            except Exception as exc:  # ImportError, or a numba that does not fit this NumPy
+                _state["error"] = f"numba cannot be imported: {type(exc).__name__}: {exc}"
+                raise KernelError(_state["error"]) from exc
+        return importlib.import_module(f"{__package__}.{name}")
+
+
+def _setup() -> Any:
+    import numba
+    from numba.core import caching
+
+    class Locator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+        """numba's cache for this package's files, under :func:`cache_dir`."""
+
+        def __init__(self, py_func: Any, py_file: str) -> None:
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+            self._cache_path = str(cache_dir() / _HERE.name)
+
+        def get_cache_path(self) -> str:
+            return self._cache_path
+
+        @classmethod
+        def from_function(cls, py_func: Any, py_file: str) -> Any:
+            if Path(py_file).resolve().parent != _HERE:
+                return None
+            self = cls(py_func, py_file)
+            try:
+                self.ensure_cache_path()
+            except OSError:  # not writable: numba's own locators
+                return None
+            return self
+
+    try:
+        impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # (the older name)
+        classes = impl._locator_classes
+        if not any(c.__name__ == "Locator" and c.__module__ == __name__ for c in classes):
+            classes.insert(0, Locator)
+    except AttributeError:  # another numba layout: its own cache places (__pycache__ or the user's)
+        pass
+    return numba
+
+
+def call(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, serialized while numba's threading layer is ``workqueue`` (not re-entrant)."""
+    if _state.get("layer_safe"):
+        return fn(*args)
+    with _lock:
+        out = fn(*args)
+        try:
+            _state["layer_safe"] = _state["numba"].threading_layer() != "workqueue"
+        except Exception:  # no parallel region has run yet
+            pass
+        return out
+
+
+def first_use(kernel: str, launch: Callable[..., Any]) -> Callable[..., Any]:
+    """``launch`` whose first call's time is recorded in :data:`COMPILE_S` under ``kernel`` (the
+    loops compile, or load from the disk cache, on that call)."""
+    done = [False]
+
+    def timed(*arrays: Any) -> Any:
+        if done[0]:
+            return launch(*arrays)
+        t0 = time.perf_counter()
+        out = launch(*arrays)
+        COMPILE_S[kernel] = COMPILE_S.get(kernel, 0.0) + time.perf_counter() - t0
+        done[0] = True
+        return out
+
+    return timed
+
+
+def info() -> dict[str, str]:
+    """What ``opruntime info`` shows of numba: its version, threading layer and cache, or why not."""
+    why = missing()
+    if why is None:
+        try:
+            loops("_nb_math")
+        except KernelError:
+            why = missing()
+    if why is not None:
+        return {"numba": f"no: {why}"}
+    numba = _state["numba"]
+    return {"numba": f"{numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads), cache {cache_dir()}"}
+
+
+def threads() -> int:
+    """How many threads a parallel loop uses (numba's, else the cores)."""
+    numba = _state.get("numba")
+    return int(numba.get_num_threads()) if numba is not None else (os.cpu_count() or 1)

@@ -1,0 +1,182 @@
+"""The cpu backend's numba kernels (``numpy.<op>.numba``): every one through the conformance suite
+(every case of its operator, every dtype and config, called directly and pinned through the
+frontend), the edge values pinned (NaN, infinities, rows of -inf, length-1 rows), the disk cache
+reused by a second process, and the NumPy kernels alone when numba is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import TOLERANCE, rel_err
+
+import opruntime as opr
+from opruntime.ops import OPS
+from opruntime.plugins import registry
+from opruntime.testing import check_kernel, check_pinned, failures, summary
+
+pytest.importorskip("numba")
+
+from opruntime_numpy import jit
+
+#: every numba kernel the backend registers (a kernel missing from the registry fails its tests)
+NUMBA_KERNELS = [
+    "numpy.softmax.numba", "numpy.log_softmax.numba", "numpy.layer_norm.numba", "numpy.rms_norm.numba",
+]
+
+
+def clean(findings) -> None:
+    bad = failures(findings)
+    assert not bad, f"{len(bad)} conformance failure(s):\n{summary(bad)}"
+
+
+def kernel(name: str) -> opr.Kernel:
+    assert name in registry().kernels, f"{name} is not registered (numba {jit.missing() or 'present'})"
+    return registry().kernels[name]
+
+
+def test_every_numba_kernel_is_registered():
+    have = {k for k in registry().kernels if k.endswith(".numba")}
+    assert have == set(NUMBA_KERNELS)
+
+
+@pytest.mark.parametrize("name", NUMBA_KERNELS)
+def test_conformance_every_case_dtype_config(name):
+    clean(check_kernel(kernel(name), opr.Device("cpu")))
+
+
+@pytest.mark.parametrize("name", NUMBA_KERNELS)
+def test_conformance_pinned(name):
+    k = kernel(name)
+    for dtype in ("float32", "float64", "float16"):
+        clean(check_pinned(k, opr.Device("cpu"), dtype=dtype))
+
+
+def pinned(name: str):
+    return opr.override(ops={name.split(".")[1]: {"kernel": name}}, strict=True)
+
+
+# -- edge values, pinned ---------------------------------------------------------------------------------
+
+HUGE = {"float16": 6e4, "float32": 3e38, "float64": 1e308}
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_softmax_special_rows(op, dtype):
+    inf, nan, big = np.inf, np.nan, HUGE[dtype]
+    x = np.array([
+        [-inf, -inf, -inf, -inf], [0.5, -inf, 2.0, -inf], [big, big, -big, 0.0], [-big, -big, -big, -big],
+        [1.0, nan, 2.0, 3.0], [1.0, inf, 2.0, 3.0], [big, -big, big / 2, 1.0], [0.0, 0.0, 0.0, 0.0],
+    ], np.float64).astype(dtype)
+    for axis in (1, 0):
+        with pinned(f"numpy.{op}.numba"):
+            out = getattr(opr, op)(x, axis=axis).numpy()
+        with np.errstate(over="ignore"):
+            ref = OPS[op].reference(x.astype(np.float64), axis=axis).astype(dtype).astype(np.float64)
+        assert rel_err(out, ref) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("n", [5, 70_000])  # in cache, and online over blocks
+def test_softmax_rows_of_specials_long_and_short(op, n):
+    """Rows with -inf before the first finite value, NaN, +inf, all -inf, and huge values, in the
+    in-cache path and in the online path (rows past ``ROW_BLOCK``, -inf blocks before finite ones)."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((6, n)).astype(np.float32)
+    x[0, : n - 2] = -np.inf  # -inf first (whole blocks of it in the online path), then finite
+    x[1, n // 2] = np.nan
+    x[2, n - 1] = np.inf
+    x[3] = -np.inf
+    x[4] *= 1e37  # huge, finite: the max is subtracted first
+    x[5, : n // 3] = np.nan
+    with pinned(f"numpy.{op}.numba"):
+        out = getattr(opr, op)(x).numpy()
+    ref = OPS[op].reference(x.astype(np.float64), axis=-1)
+    assert rel_err(out, ref) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_length_one_is_exact(op):
+    x = (np.random.default_rng().standard_normal((5, 1)) * 100).astype(np.float32)
+    with pinned(f"numpy.{op}.numba"):
+        out = getattr(opr, op)(x, axis=1).numpy()
+    assert np.array_equal(out, np.zeros_like(x) if op == "log_softmax" else np.ones_like(x))
+
+
+@pytest.mark.parametrize("shape,axis", [((4096, 33), 0), ((3, 700, 5), 1), ((2, 3, 40, 7), 2)])
+def test_softmax_strided_axis_tiles(shape, axis):
+    """The strided-axis path over several column blocks and outer indices."""
+    x = np.random.default_rng().standard_normal(shape).astype(np.float32)
+    for op in ("softmax", "log_softmax"):
+        with pinned(f"numpy.{op}.numba"):
+            out = getattr(opr, op)(x, axis=axis).numpy()
+        assert rel_err(out, OPS[op].reference(x.astype(np.float64), axis=axis)) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norm_specials_and_constant_rows(op):
+    x = np.random.default_rng().standard_normal((5, 300)).astype(np.float32)
+    x[1, 7] = np.nan
+    x[2, 9] = np.inf
+    x[3] = 2.5  # a constant row: layer_norm gives exactly 0 (times w, plus b)
+    w = np.random.default_rng().standard_normal(300).astype(np.float32)
+    with pinned(f"numpy.{op}.numba"):
+        out = getattr(opr, op)(x, (300,), w).numpy()
+    ref = OPS[op].reference(x.astype(np.float64), w.astype(np.float64), normalized_shape=(300,))
+    assert rel_err(out, ref) <= TOLERANCE["float32"]
+
+
+# -- the disk cache and first use ------------------------------------------------------------------------
+
+def _first_use(cache: str) -> float:
+    code = textwrap.dedent("""
+        import numpy as np, opruntime as opr
+        from opruntime_numpy import jit
+        x = np.ones((8, 100), np.float32)
+        with opr.override(ops={"softmax": {"kernel": "numpy.softmax.numba"}}, strict=True):
+            opr.softmax(x)
+        print(jit.COMPILE_S["numpy.softmax.numba"])
+    """)
+    env = {**os.environ, "OPRUNTIME_CACHE_DIR": cache}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return float(proc.stdout.split()[-1])
+
+
+@pytest.mark.slow
+def test_compiled_kernels_are_cached_across_processes(tmp_path):
+    cache = str(tmp_path / "c")
+    first = _first_use(cache)
+    files = list((tmp_path / "c" / "numba").rglob("*.nbi"))
+    assert files, "numba wrote no cache index beside the tuning cache"
+    second = _first_use(cache)
+    assert second < first / 3 and second < 1.0, (first, second)
+
+
+# -- without numba ------------------------------------------------------------------------------------------
+
+def test_without_numba_the_numpy_kernels_remain(monkeypatch):
+    from opruntime_numpy.memory import CpuDevice
+
+    from opruntime import plugins
+
+    monkeypatch.setattr(jit, "missing", lambda: "numba is not installed (test)")
+    plugins.reset()
+    try:
+        names = set(registry().kernels)
+        assert not any(n.endswith(".numba") for n in names)
+        assert {"numpy.softmax.fused", "numpy.layer_norm.blocked"} <= names
+        x = np.random.default_rng().standard_normal((4, 9)).astype(np.float32)
+        assert opr.explain("softmax", x).chosen == "numpy.softmax.fused"
+        assert rel_err(opr.softmax(x).numpy(), OPS["softmax"].reference(x.astype(np.float64))) <= 1e-5
+        assert "numba is not installed (test)" in CpuDevice().info()["numba"]
+    finally:
+        monkeypatch.undo()
+        plugins.reset()
+    assert "numpy.softmax.numba" in registry().kernels
