@@ -2,9 +2,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Extras installed into .venv: the test tools, the backends that run without a GPU, and the models'
-# peers (torch, onnxruntime: tests/system/test_models.py and `opruntime bench --suite models`).
-EXTRAS ?= test,lint,opencl,jax,docs,plot,models
+# Extras installed into .venv: the test tools, the backends that run without a GPU (cpu: numba, for
+# the cpu backend's compiled kernels), and the models' peers (torch, onnxruntime:
+# tests/system/test_models.py and `opruntime bench --suite models`).
+EXTRAS ?= test,lint,cpu,opencl,jax,docs,plot,models
 
 .PHONY: demo test test-gpu compile-cu opencl-icd docs lint clean
 
