@@ -14,7 +14,11 @@
   ``"gelu_tanh"`` only. Absent (``supports`` is False, :func:`nvmath_missing` says why) when
   nvmath-python is not importable. With a bias the GEMM is run transposed
   (``weight @ x.T``, the bias along its rows, as cuBLASLt wants it): its column-major result's
-  transpose is the row-major output, with no copy.
+  transpose is the row-major output, with no copy. The plan is made on stand-in operands 16 bytes
+  off a 256-byte boundary, so cuBLASLt's heuristic assumes 16-byte aligned operands (nvmath takes
+  the alignment from the planning pointers); a call's operand off that alignment (an offset view)
+  is copied to an aligned buffer of the same strides. Planned at the stand-ins' 256 bytes, an
+  offset float16 / bfloat16 operand failed on the H100 with ``CUBLAS_STATUS_NOT_SUPPORTED``.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from opruntime.kernels import Attrs, Kernel, Problem, itemsize
+from opruntime.kernels import Attrs, Kernel, Problem, c_strides, itemsize
 
 from . import compile as cc
 from . import matmul as mm
 from . import memory
 from .conv_launch import DTYPE_CODE
+from .cudnn import ALIGN
+from .cudnn import like as aligned
 from .epilogue import ACT
 from .matmul_launch import WGMMA_B_DESC, launcher
 
@@ -189,7 +195,18 @@ def supports_cublaslt(problem: Problem) -> bool:
     act, has_bias = problem.attrs["activation"], problem.attrs["bias"]
     if act is None and not has_bias:
         return False  # a plain GEMM: matmul's kernels and cuBLAS serve it
+    for shape, strides in zip(problem.shapes[:2], problem.strides[:2]):
+        if strides is not None and not _nvmath_layout(shape, strides):
+            return False
     return (act, has_bias) in NVMATH_EPILOG and not nvmath_missing() and supports_cublas(problem)
+
+
+def _nvmath_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """A matrix nvmath lays out for cuBLASLt: row- or column-major (one unit stride, a size-1 dim
+    counting as one), no negative stride."""
+    if any(st < 0 for n, st in zip(shape, strides) if n > 1):
+        return False
+    return any(n == 1 or st == 1 for n, st in zip(shape, strides))
 
 
 def prepare_cublaslt(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
@@ -205,32 +222,34 @@ def prepare_cublaslt(problem: Problem, config: Mapping[str, Any]) -> Callable[..
     dt = memory.bfloat16() if problem.dtype == "bfloat16" else problem.dtype
     sx, sw = problem.strides[:2]
 
-    def stand_in(shape: tuple[int, int], strides: tuple[int, ...] | None) -> Any:
-        """An array of ``shape`` with the problem's element strides (its layout is part of the plan)."""
-        if strides is None or tuple(strides) == (shape[1], 1):
-            return cupy.zeros(shape, dt)
+    def stand_in(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> Any:
+        """Zeros of ``shape`` with the problem's element strides (the layout is part of the plan)
+        at an address exactly 16-byte aligned (so is the alignment the plan assumes)."""
+        strides = c_strides(shape) if strides is None else strides
         span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, strides))
-        base = cupy.zeros(span, dt)
-        isz = base.itemsize
-        return cupy.lib.stride_tricks.as_strided(base, shape, tuple(st * isz for st in strides))
+        isz = itemsize(problem.dtype)
+        base = cupy.zeros(span + (ALIGN + 256) // isz, dt)
+        start = (-base.data.ptr % 256 + ALIGN) // isz
+        return cupy.lib.stride_tricks.as_strided(base[start:], shape, tuple(st * isz for st in strides))
 
     with cupy.cuda.Device(dev):
         x0, w0 = stand_in((m, k), sx), stand_in((n, k), sw)
         if has_bias:  # D (N x M) = w @ x.T, the bias along D's rows; D is column-major: D.T is row-major
             mmo = Matmul(w0, x0.T)
-            mmo.plan(epilog=epilog, epilog_inputs={"bias": cupy.zeros((n,), dt)})
+            mmo.plan(epilog=epilog, epilog_inputs={"bias": stand_in((n,), (1,))})
         else:
             mmo = Matmul(x0, w0.T)
             mmo.plan(epilog=epilog)
     getdev = cupy.cuda.runtime.getDevice
+    x_st, w_st = sx or c_strides((m, k)), sw or c_strides((n, k))
 
     def launch(x: Any, w: Any, bias: Any = None) -> Any:
         if getdev() != dev:
             with cupy.cuda.Device(dev):
                 return launch(x, w, bias)
+        x, w = aligned(x, x_st), aligned(w, w_st)  # (a copy only off 16 bytes: the plan's alignment)
         if has_bias:
-            if bias.strides[0] != bias.itemsize and n > 1:
-                bias = cupy.ascontiguousarray(bias)
+            bias = aligned(bias, (1,))
             mmo.reset_operands(a=w, b=x.T, epilog_inputs={"bias": bias})  # keyword-only in nvmath
             y = mmo.execute().T
         else:
