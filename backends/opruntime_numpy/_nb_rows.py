@@ -67,23 +67,23 @@ def _row(x, out, log, block):
     big_m = ninf
     big_s = zero
     for j0 in range(0, n, block):
-        j1 = min(n, j0 + block)
+        xb = x[j0:min(n, j0 + block)]  # a slice: loops from 0 vectorize (no negative-index checks)
         mb = ninf
-        for j in range(j0, j1):
-            mb = maxnum(mb, x[j])
+        for j in range(xb.shape[0]):
+            mb = maxnum(mb, xb[j])
         mn = maxnum(big_m, mb)
         sb = zero
         if mn == ninf:  # every value so far -inf (contributes 0) or NaN (kept)
-            for j in range(j0, j1):
-                v = x[j]
+            for j in range(xb.shape[0]):
+                v = xb[j]
                 sb = radd(sb, zero if v == ninf else v)
             big_s = big_s + sb
             continue
         if big_m != mn:
             big_s = big_s * fexp(big_m - mn)
             big_m = mn
-        for j in range(j0, j1):
-            sb = radd(sb, fexp(x[j] - big_m))
+        for j in range(xb.shape[0]):
+            sb = radd(sb, fexp(xb[j] - big_m))
         big_s = big_s + sb
     if log:
         c = big_m + x.dtype.type(math.log(big_s))
@@ -116,31 +116,41 @@ def softmax_cols(x, out, log, width):
         w = c1 - c0
         m = np.empty(w, x.dtype)
         s = np.zeros(w, x.dtype)
+        xt = x[o, :, c0:c1]  # slices: the loops over columns start at 0 and vectorize
+        ot = out[o, :, c0:c1]
+        x0 = xt[0]
         for c in range(w):
-            m[c] = x[o, 0, c0 + c]
+            m[c] = x0[c]
         for i in range(n):
+            xi = xt[i]
             for c in range(w):
-                m[c] = maxnum(m[c], x[o, i, c0 + c])
+                m[c] = maxnum(m[c], xi[c])
         if log:
             for i in range(n):
+                xi = xt[i]
                 for c in range(w):
-                    s[c] += fexp(x[o, i, c0 + c] - m[c])
+                    s[c] += fexp(xi[c] - m[c])
             for c in range(w):
                 m[c] = m[c] + x.dtype.type(math.log(s[c]))
             for i in range(n):
+                xi = xt[i]
+                oi = ot[i]
                 for c in range(w):
-                    out[o, i, c0 + c] = x[o, i, c0 + c] - m[c]
+                    oi[c] = xi[c] - m[c]
         else:
             for i in range(n):
+                xi = xt[i]
+                oi = ot[i]
                 for c in range(w):
-                    p = fexp(x[o, i, c0 + c] - m[c])
-                    out[o, i, c0 + c] = p
+                    p = fexp(xi[c] - m[c])
+                    oi[c] = p
                     s[c] += p
             for c in range(w):
                 s[c] = x.dtype.type(1.0) / s[c]
             for i in range(n):
+                oi = ot[i]
                 for c in range(w):
-                    out[o, i, c0 + c] = out[o, i, c0 + c] * s[c]
+                    oi[c] = oi[c] * s[c]
 
 
 # -- layer_norm / rms_norm ------------------------------------------------------------------------------

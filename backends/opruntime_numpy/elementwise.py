@@ -1,7 +1,14 @@
 """The elementwise family on the CPU: ``add``/``sub``/``mul``/``div`` as one NumPy ufunc into a new
 array (broadcasting and strided operands read in place; float16 computed as NumPy does), ``neg``
 as ``np.negative``, and the activations through this backend's ``epilogue.activate`` (float16
-computed in float32, one rounding at the end)."""
+computed in float32, one rounding at the end).
+
+With numba (:mod:`.jit`), ``numpy.<op>.numba`` does each in one parallel pass: the operands seen
+as 2-D (rows, last dim; broadcast operands with stride 0, strided ones read in place where NumPy
+can make the view), blocks of a row spread over the threads, and the activations computed with
+the vectorized exp / erfc / tanh of :mod:`._nb_math` (NumPy's ufuncs call libm one element at a
+time: gelu's erfc alone costs 15 ns an element). float16 is computed in float32.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import numpy as np
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 from opruntime.ops.elementwise import BINARY_OPS, UNARY_OPS, activation
 
+from . import jit
 from .epilogue import activate
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
@@ -37,12 +45,72 @@ def unary(problem: Problem, config: Any, x: np.ndarray) -> np.ndarray:
     return y if y.dtype == x.dtype else y.astype(x.dtype)
 
 
+def as_2d(x: np.ndarray) -> np.ndarray:
+    """``x`` as (rows, last dim): a view where NumPy can make one (strided ones too), else a copy."""
+    if x.ndim == 0:
+        return x.reshape(1, 1)
+    return x.reshape(-1, x.shape[-1]) if x.ndim > 1 else x.reshape(1, -1)
+
+
+def prepare_numba(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.<op>.numba`` (unary or binary)."""
+    nb = jit.loops("_nb_elementwise")
+    shape = problem.out_shape
+    f16 = problem.dtype == "float16"
+    if problem.op in UFUNCS:
+        code = nb.BINARY[problem.op]
+
+        @_quiet
+        def launch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            if f16:
+                a, b = a.astype(np.float32), b.astype(np.float32)
+            a2, b2 = (as_2d(v if v.shape == shape else np.broadcast_to(v, shape)) for v in (a, b))
+            out = np.empty(a2.shape, a2.dtype)
+            jit.call(nb.binary, a2, b2, out, code)
+            out = out.reshape(shape)
+            return out.astype(np.float16) if f16 else out
+    else:
+        code = nb.CODES["neg" if problem.op == "neg" else activation(problem)]
+
+        @_quiet
+        def launch(x: np.ndarray) -> np.ndarray:  # type: ignore[misc]
+            if f16:
+                x = x.astype(np.float32)
+            x2 = as_2d(x)
+            out = np.empty(x2.shape, x2.dtype)
+            jit.call(nb.unary, x2, out, code)
+            out = out.reshape(shape)
+            return out.astype(np.float16) if f16 else out
+
+    return jit.first_use(f"numpy.{problem.op}.numba", launch)
+
+
+#: elements per second of the NumPy activations (libm one element at a time), by op: the cost model
+NUMPY_RATE = {"gelu": 0.07e9, "sigmoid": 0.12e9, "silu": 0.4e9, "tanh": 0.4e9}
+
+
 def cost(problem: Problem, config: Any) -> float:
+    """The NumPy kernels: memory-bound, except the activations' libm calls."""
     n = math.prod(problem.out_shape)
     moved = sum(math.prod(s) for s in problem.shapes) + n
-    return roofline(float(n), moved * itemsize(problem.dtype), CPU_FLOPS, CPU_BYTES, 1e-6)
+    name = activation(problem) if problem.op in UNARY_OPS else None
+    compute = n / NUMPY_RATE.get(name or "", CPU_FLOPS)
+    return max(compute, moved * itemsize(problem.dtype) / CPU_BYTES) + 1e-6
+
+
+def numba_cost(problem: Problem, config: Any) -> float:
+    """One parallel pass (float16: and its float32 copies), the activations vectorized."""
+    n = math.prod(problem.out_shape)
+    moved = sum(math.prod(s) for s in problem.shapes) + n
+    per = 6 if problem.dtype == "float16" else itemsize(problem.dtype)
+    return roofline(20.0 * n, moved * per, CPU_FLOPS * 4, CPU_BYTES * 1.5, 6e-6)
 
 
 def kernels() -> list[Kernel]:
-    return ([Kernel(op, f"numpy.{op}.ufunc", "cpu", FLOATS, binary, cost=cost) for op in BINARY_OPS]
-            + [Kernel(op, f"numpy.{op}.ufunc", "cpu", FLOATS, unary, cost=cost) for op in UNARY_OPS])
+    out = ([Kernel(op, f"numpy.{op}.ufunc", "cpu", FLOATS, binary, cost=cost) for op in BINARY_OPS]
+           + [Kernel(op, f"numpy.{op}.ufunc", "cpu", FLOATS, unary, cost=cost) for op in UNARY_OPS])
+    if jit.available():
+        src = jit.source("_nb_elementwise")
+        out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src)
+                for op in (*BINARY_OPS, *UNARY_OPS)]
+    return out

@@ -96,6 +96,8 @@ def _setup() -> Any:
     import numba
     from numba.core import caching
 
+    _wide_vectors(numba)
+
     class Locator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
         """numba's cache for this package's files, under :func:`cache_dir`."""
 
@@ -126,6 +128,25 @@ def _setup() -> Any:
     except AttributeError:  # another numba layout: its own cache places (__pycache__ or the user's)
         pass
     return numba
+
+
+def _wide_vectors(numba: Any) -> None:
+    """Let LLVM use 512-bit vectors on AVX-512 hosts (numba's default for them prefers 256 bits):
+    the loops of :mod:`._nb_math` run twice as many lanes (measured 2.2x on gelu). Only when numba
+    has compiled nothing yet in this process and ``NUMBA_CPU_FEATURES`` is not set; the features
+    are the host's own plus ``-prefer-256-bit`` (numba keys its disk cache on them)."""
+    try:
+        from numba.core.registry import cpu_target
+
+        if numba.config.CPU_FEATURES is not None or "_toplevel_target_context" in vars(cpu_target):
+            return
+        import llvmlite.binding as ll
+
+        features = ll.get_host_cpu_features()
+        if features.get("avx512f"):
+            numba.config.CPU_FEATURES = features.flatten() + ",-prefer-256-bit"
+    except Exception:  # another numba layout, or no feature map: numba's defaults
+        pass
 
 
 def call(fn: Any, *args: Any) -> Any:

@@ -26,6 +26,7 @@ from opruntime_numpy import jit
 #: every numba kernel the backend registers (a kernel missing from the registry fails its tests)
 NUMBA_KERNELS = [
     "numpy.softmax.numba", "numpy.log_softmax.numba", "numpy.layer_norm.numba", "numpy.rms_norm.numba",
+    *(f"numpy.{op}.numba" for op in ("add", "sub", "mul", "div", "neg", "relu", "gelu", "silu", "sigmoid", "tanh")),
 ]
 
 

@@ -1,0 +1,152 @@
+"""numba loops of the elementwise family and the activation epilogues (imported through :mod:`.jit`
+only). Operands come as 2-D arrays (rows, cols) of any strides (0 where an operand broadcasts);
+blocks of :data:`CHUNK` elements of a row run in parallel, each a vectorized loop. float32 and
+float64 are computed natively (the launchers widen float16 to float32).
+
+The activations are those of ``opruntime.ops.base.ACTIVATIONS``, by the codes of :data:`CODES`,
+each the formula the NumPy epilogue (``epilogue.activate``) and the float64 reference use:
+``gelu`` is ``0.5 x erfc(-x / sqrt 2)``, ``gelu_tanh`` ``x / (1 + exp(-2u))``, ``silu``
+``x / (1 + exp(-x))``, ``sigmoid`` ``1 / (1 + exp(-x))``; NaN stays NaN, ``relu`` keeps it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from ._nb_math import erfc32, erfc64, exp32, exp64, tanh32, tanh64
+
+OPTIONS = dict(cache=True, nogil=True, error_model="numpy")  # IEEE results: no fast-math, no division checks
+#: elements of a row per parallel task
+CHUNK = 1 << 14
+#: activation name -> the code the loops take (``None``: no activation; ``"neg"``: unary minus)
+CODES = {None: 0, "neg": 1, "relu": 2, "gelu": 3, "gelu_tanh": 4, "silu": 5, "sigmoid": 6, "tanh": 7}
+#: binary operator -> code
+BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+
+
+def _scalar(body):
+    """A generic scalar function of the loops: ``body(F, exp, erfc, tanh)`` gives its implementation
+    for the float type ``F`` (float32: the vectorizable forms of :mod:`._nb_math`). Each is small,
+    so that LLVM inlines it into the loop and vectorizes the loop."""
+
+    def stub(v):  # pragma: no cover - replaced by the overload inside compiled code
+        raise NotImplementedError
+
+    @overload(stub)
+    def _typed(v):
+        if v == types.float32:
+            return body(np.float32, exp32, erfc32, tanh32)
+        if v == types.float64:
+            return body(np.float64, exp64, erfc64, tanh64)
+        return None
+
+    return stub
+
+
+relu = _scalar(lambda F, exp, erfc, tanh: lambda v: F(0.0) if v < F(0.0) else v)  # NaN stays NaN
+gelu = _scalar(lambda F, exp, erfc, tanh: lambda v: F(0.5) * v * erfc(v * F(-0.70710678118654752440)))
+gelu_tanh = _scalar(lambda F, exp, erfc, tanh: lambda v: v / (
+    exp((v * v * F(0.044715) + F(1.0)) * v * F(-1.5957691216057307118)) + F(1.0)))
+silu = _scalar(lambda F, exp, erfc, tanh: lambda v: v / (exp(-v) + F(1.0)))
+sigmoid = _scalar(lambda F, exp, erfc, tanh: lambda v: F(1.0) / (exp(-v) + F(1.0)))
+tanh_ = _scalar(lambda F, exp, erfc, tanh: lambda v: tanh(v))
+
+
+@njit(parallel=True, **OPTIONS)
+def unary(x, out, code):
+    """``out = act(code, x)`` over 2-D arrays."""
+    rows, cols = x.shape
+    blocks = (cols + CHUNK - 1) // CHUNK
+    for t in prange(rows * blocks):
+        r = t // blocks
+        c0 = (t % blocks) * CHUNK
+        c1 = min(cols, c0 + CHUNK)
+        xr = x[r, c0:c1]  # slices: loops from 0 index without negative-index checks, and vectorize
+        yr = out[r, c0:c1]
+        # one loop per code: the branch is taken once per block, each loop vectorizes on its own
+        if code == 1:
+            for j in range(c1 - c0):
+                yr[j] = -xr[j]
+        elif code == 2:
+            for j in range(c1 - c0):
+                yr[j] = relu(xr[j])
+        elif code == 3:
+            for j in range(c1 - c0):
+                yr[j] = gelu(xr[j])
+        elif code == 4:
+            for j in range(c1 - c0):
+                yr[j] = gelu_tanh(xr[j])
+        elif code == 5:
+            for j in range(c1 - c0):
+                yr[j] = silu(xr[j])
+        elif code == 6:
+            for j in range(c1 - c0):
+                yr[j] = sigmoid(xr[j])
+        elif code == 7:
+            for j in range(c1 - c0):
+                yr[j] = tanh_(xr[j])
+        else:
+            for j in range(c1 - c0):
+                yr[j] = xr[j]
+
+
+@njit(parallel=True, **OPTIONS)
+def binary(a, b, out, code):
+    """``out = a <op> b`` over 2-D arrays of one shape (a broadcast operand has stride 0)."""
+    rows, cols = out.shape
+    blocks = (cols + CHUNK - 1) // CHUNK
+    for t in prange(rows * blocks):
+        r = t // blocks
+        c0 = (t % blocks) * CHUNK
+        c1 = min(cols, c0 + CHUNK)
+        ar = a[r, c0:c1]
+        br = b[r, c0:c1]
+        yr = out[r, c0:c1]
+        if code == 0:
+            for j in range(c1 - c0):
+                yr[j] = ar[j] + br[j]
+        elif code == 1:
+            for j in range(c1 - c0):
+                yr[j] = ar[j] - br[j]
+        elif code == 2:
+            for j in range(c1 - c0):
+                yr[j] = ar[j] * br[j]
+        else:
+            for j in range(c1 - c0):
+                yr[j] = ar[j] / br[j]
+
+
+@njit(parallel=True, **OPTIONS)
+def bias_act(y, bias, code):
+    """In place on the 3-D ``y`` (outer, channels, inner): ``y = act(code, y + bias[channel])``
+    (``bias`` of size 0: none): the epilogue of a GEMM or a convolution, in one pass."""
+    outer, ch, inner = y.shape
+    has_bias = bias.shape[0] > 0
+    for t in prange(outer * ch):
+        o = t // ch
+        c = t % ch
+        yr = y[o, c]
+        bv = bias[c] if has_bias else y.dtype.type(0.0)
+        if code == 0:
+            for j in range(inner):
+                yr[j] = yr[j] + bv
+        elif code == 2:
+            for j in range(inner):
+                yr[j] = relu(yr[j] + bv)
+        elif code == 3:
+            for j in range(inner):
+                yr[j] = gelu(yr[j] + bv)
+        elif code == 4:
+            for j in range(inner):
+                yr[j] = gelu_tanh(yr[j] + bv)
+        elif code == 5:
+            for j in range(inner):
+                yr[j] = silu(yr[j] + bv)
+        elif code == 6:
+            for j in range(inner):
+                yr[j] = sigmoid(yr[j] + bv)
+        else:
+            for j in range(inner):
+                yr[j] = tanh_(yr[j] + bv)
