@@ -9,6 +9,7 @@
 //   FAMILY 1  attn_flash    FlashAttention-2 on the tensor cores, no L x S buffer (below).
 //   FAMILY 2  attn_simt     the same online softmax in plain FMAs, any dtype (float64's kernel).
 //   FAMILY 3  attn_softmax  the composite's masked softmax over a materialised score buffer.
+//   FAMILY 4  attn_wgmma    FAMILY 1's algorithm on Hopper's warpgroup MMA (sm_90a).
 //
 // Defines (injected by attention.py):
 //   DTYPE   0 float32, 1 float16, 2 bfloat16, 3 float64 (dtype.cuh: T and its accumulator ACC)
@@ -20,6 +21,8 @@
 //             with any strides), QREG (1: q's fragments stay in registers)
 //   FAMILY 2: WARPS (4 query rows each), BN, DV (Ev padded to a multiple of 32)
 //   FAMILY 3: THREADS per row
+//   FAMILY 4: D, DV (padded to 64, 128 or 256), BN (64, 128), NWG (warpgroups of 64 query rows)
+// opruntime-arch: sm_90a (FAMILY 4's wgmma; every other family builds for sm_80 and sm_90 too)
 #include "common.cuh"
 
 #ifndef DTYPE
@@ -434,29 +437,30 @@ attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
             if (active) {
                 // -- O += P v
 #if DTYPE == 0
-                // row 2 t, column g of the stage (bytes)
+                // Per n8 tile of the output, the tile of keys is summed in a zeroed accumulator and
+                // then added to the output with one rounded FADD: the tensor cores truncate as they
+                // accumulate, a bias that over S = 32768 keys reached 2e-4 when every product went
+                // straight into the output; per tile of keys it stays under 1e-6.
+                unsigned ph[NS][4], pl[NS][4];  // P = ph + pl as A fragments: keys 2t and 2t+1 of each step
+#pragma unroll
+                for (int kk = 0; kk < NS; ++kk) {
+                    split(__float_as_uint(s[kk][0]), ph[kk][0], pl[kk][0]);
+                    split(__float_as_uint(s[kk][2]), ph[kk][1], pl[kk][1]);
+                    split(__float_as_uint(s[kk][1]), ph[kk][2], pl[kk][2]);
+                    split(__float_as_uint(s[kk][3]), ph[kk][3], pl[kk][3]);
+                }
+                // row 2 t, column g of the stage (bytes); 8 keys per step, in the order 0 2 4 6 1 3 5 7
                 const unsigned vaddr = sVa + ((j & 1) * BN * VS + 2 * t * VS) * 16 + g * 4;
 #pragma unroll
-                for (int kk = 0; kk < NS; ++kk) {  // 8 keys per step, in the order 0 2 4 6 1 3 5 7
-                    unsigned ah[4], al[4];
-                    split(__float_as_uint(s[kk][0]), ah[0], al[0]);
-                    split(__float_as_uint(s[kk][2]), ah[1], al[1]);
-                    split(__float_as_uint(s[kk][1]), ah[2], al[2]);
-                    split(__float_as_uint(s[kk][3]), ah[3], al[3]);
-                    // v's two values per n8 tile (rows 2 t and 2 t + 1, column g), read a tile ahead
-                    const unsigned vr = vaddr + kk * 8 * (VS * 16);
-                    unsigned b0 = lds32(vr), b1 = lds32(vr + VS * 16);
+                for (int n = 0; n < NO; ++n) {
+                    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                    for (int n = 0; n < NO; ++n) {
-                        unsigned c0 = 0, c1 = 0;
-                        if (n + 1 < NO) {
-                            c0 = lds32(vr + (n + 1) * 32);
-                            c1 = lds32(vr + VS * 16 + (n + 1) * 32);
-                        }
-                        mma3(acc[n], ah, al, b0, b1);
-                        b0 = c0;
-                        b1 = c1;
+                    for (int kk = 0; kk < NS; ++kk) {
+                        const unsigned vr = vaddr + kk * 8 * (VS * 16) + n * 32;
+                        mma3(part, ph[kk], pl[kk], lds32(vr), lds32(vr + VS * 16));
                     }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[n][e] += part[e];
                 }
 #else
                 const unsigned vaddr = sVa + (((j & 1) * BN + (quad & 1) * 8 + l8) * VS + (quad >> 1)) * 16;
@@ -754,5 +758,417 @@ attn_softmax(ACC* __restrict__ X, const void* __restrict__ M, const AttnParams p
     const ACC inv = l == 0 ? (ACC)0 : (ACC)1 / l;
     const ACC base = m == ACC_NEG_INF ? (ACC)0 : m;
     for (int c = threadIdx.x; c < S; c += THREADS) x[c] = acc_exp(score(c) - base) * inv;
+}
+// ===============================================================================================
+#elif FAMILY == 4
+// FlashAttention with Hopper's warpgroup MMA (wgmma, sm_90a; other targets build a trap). One
+// block per (tile of BM = 64 NWG query rows, batch x head); NWG warpgroups of 128 threads, each
+// owning 64 rows. q, k and v tiles arrive by cp.async in the 128-byte swizzle the descriptors
+// name (matmul_wgmma.cu's conventions, checked on an H200): rows of 64 elements (128 bytes),
+// chunk c of row r at c ^ (r % 8), 64-wide atoms of the head dim one after another. Per key tile
+// a warpgroup computes S = q k^T with m64nBNk16 (both operands in shared memory), the online
+// softmax in registers exactly as the mma.sync kernel (the accumulator layout per warp is the
+// same: rows g and g + 8, columns 2 t, 2 t + 1 of each n8 tile), and O += P v with m64nDVk16,
+// P from registers (each warp's rows as m16n8k16 A fragments), v read n-contiguous and
+// transposed by the instruction. k and v stream through two stages each, the next tile's copies
+// in flight while this one is multiplied. Needs 16-byte copies (unit last strides, aligned rows);
+// head dims padded to 64, 128 or 256.
+#if DTYPE != 1 && DTYPE != 2
+#error "attn_wgmma: float16 or bfloat16"
+#endif
+#ifndef D
+#define D 128
+#endif
+#ifndef DV
+#define DV D
+#endif
+#ifndef BN
+#define BN 128
+#endif
+#ifndef NWG
+#define NWG 2
+#endif
+#define BM (64 * NWG)
+#define NT (NWG * 128)
+#if DTYPE == 2
+#define WG_T "bf16"
+#else
+#define WG_T "f16"
+#endif
+static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256, "64-wide atoms of the head dims");
+static_assert(BN == 64 || BN == 128 || BN == 256, "one m64nBNk16 per k-step of S");
+static_assert(NWG == 1 || NWG == 2, "64 or 128 query rows per block");
+#define QA (D / 64)                 // 64-wide atoms of q / k rows
+#define VA (DV / 64)                // ... and of v rows
+#define K_BYTES (BN * D * 2)        // one stage of k
+#define V_BYTES (BN * DV * 2)       // one stage of v
+#define OROW (DV + 8)               // output staging row (elements)
+#define Q_REGION (((BM * D > BM * OROW ? BM * D : BM * OROW) * 2 + 1023) / 1024 * 1024)
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+#if DTYPE == 2
+    return pack_bf16x2(lo, hi);
+#else
+    return pack_f16x2(lo, hi);
+#endif
+}
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Shared-memory matrix descriptor: address, leading / stride byte offsets, 128-byte swizzle.
+__device__ __forceinline__ unsigned long long desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Pin accumulator registers at this point of the program: the compiler must not move their reads
+// or writes across a wgmma wait (it does not know the instruction writes them asynchronously).
+template <int N>
+__device__ __forceinline__ void fence_regs(float* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// d = A B (accumulate 0) or d += A B: A and B k-contiguous tiles in shared memory (descriptors)
+__device__ __forceinline__ void wgmma_ss64(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d = A B (accumulate 0) or d += A B: A and B k-contiguous tiles in shared memory (descriptors)
+__device__ __forceinline__ void wgmma_ss128(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d = A B (accumulate 0) or d += A B: A and B k-contiguous tiles in shared memory (descriptors)
+__device__ __forceinline__ void wgmma_ss256(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d += A B: A from registers (each warp's 16 rows as m16n8k16 A fragments), B an n-contiguous
+// tile in shared memory (transposed by the instruction)
+__device__ __forceinline__ void wgmma_rs64(float* d, const unsigned (&a)[4], unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// d += A B: A from registers (each warp's 16 rows as m16n8k16 A fragments), B an n-contiguous
+// tile in shared memory (transposed by the instruction)
+__device__ __forceinline__ void wgmma_rs128(float* d, const unsigned (&a)[4], unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// d += A B: A from registers (each warp's 16 rows as m16n8k16 A fragments), B an n-contiguous
+// tile in shared memory (transposed by the instruction)
+__device__ __forceinline__ void wgmma_rs256(float* d, const unsigned (&a)[4], unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." WG_T "." WG_T " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float* d, unsigned long long da, unsigned long long db, int acc) {
+    if constexpr (N == 64) wgmma_ss64(d, da, db, acc);
+    else if constexpr (N == 128) wgmma_ss128(d, da, db, acc);
+    else wgmma_ss256(d, da, db, acc);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float* d, const unsigned (&a)[4], unsigned long long db) {
+    if constexpr (N == 64) wgmma_rs64(d, a, db);
+    else if constexpr (N == 128) wgmma_rs128(d, a, db);
+    else wgmma_rs256(d, a, db);
+}
+#endif
+
+// ROWS rows of ATOMS x 64 elements into the swizzled layout: atom a at a * ROWS * 128 bytes, row
+// r at r * 128, chunk c at (c ^ (r % 8)) * 16; rows from rows_left on and columns from cols on
+// are zeros. Row r of the source starts at g + r * sr (unit column stride).
+template <int ROWS, int ATOMS>
+__device__ __forceinline__ void load_swizzled(unsigned s, const bits16* g, i64 sr, int rows_left, int cols, int tid) {
+    constexpr int CH = ATOMS * 8, STEP = NT / CH, ITER = ROWS * CH / NT;
+    static_assert(NT % CH == 0 && (ROWS * CH) % NT == 0, "whole rows per pass");
+    const int r0 = tid / CH, c = tid - r0 * CH;
+    const bool cok = c * 8 < cols;
+    const bits16* src = g + (i64)r0 * sr + c * 8;
+    const unsigned dst = s + (c >> 3) * ROWS * 128;
+#pragma unroll
+    for (int it = 0; it < ITER; ++it, src += STEP * sr) {
+        const int r = r0 + it * STEP;
+        const bool ok = cok && r < rows_left;
+        cp_async16(dst + r * 128 + (((c & 7) ^ (r & 7)) << 4), ok ? src : g, ok);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bits16* __restrict__ V,
+           const void* __restrict__ M, bits16* __restrict__ O, const AttnParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // descriptors address 1024-byte swizzle atoms: align the tiles by hand
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned sQ = (raw + 1023) & ~1023u, sK = sQ + Q_REGION, sV = sK + 2 * K_BYTES;
+    bits16* stage_out = reinterpret_cast<bits16*>(smem_raw + (sQ - raw));
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+    const int g = lane >> 2, t = lane & 3;
+    const int L = p.L, S = p.S;
+    const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int m0 = mb * BM, wg0 = m0 + wg * 64, wr0 = m0 + warp * 16;  // block's, warpgroup's, warp's first row
+    const int n_end = CAUSAL ? min(S, m0 + BM) : S;
+    const int nt = (n_end + BN - 1) / BN;
+    const float sl2 = p.scale_log2;
+#if MASK == 1
+    const unsigned char* mk = reinterpret_cast<const unsigned char*>(M);
+#elif MASK == 2
+    const bits16* mk = reinterpret_cast<const bits16*>(M);
+#else
+    (void)M;
+#endif
+
+    for (int bh = blockIdx.y; bh < p.B * p.H; bh += gridDim.y) {
+        const int b = bh / p.H, h = bh - b * p.H;
+        const bits16* q = Q + b * p.sq[0] + (h / p.gq) * p.sq[1] + (i64)m0 * p.sq[2];
+        const bits16* k = K + b * p.sk[0] + (h / p.gk) * p.sk[1];
+        const bits16* v = V + b * p.sv[0] + (h / p.gv) * p.sv[1];
+#if MASK
+        i64 mrow[2];
+        {
+            const i64 mbase = b * p.sm[0] + (h / p.gm) * p.sm[1];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) mrow[hh] = mbase + (i64)min(wr0 + g + hh * 8, L - 1) * p.sm[2];
+        }
+        const i64 smc = p.sm[3];
+#endif
+        // cp.async groups as in attn_flash: (q, k0), v0, then k[j+1], v[j+1] per tile j
+        load_swizzled<BM, QA>(sQ, q, p.sq[2], L - m0, p.E, tid);
+        load_swizzled<BN, QA>(sK, k, p.sk[2], S, p.E, tid);
+        cp_async_commit();
+        load_swizzled<BN, VA>(sV, v, p.sv[2], S, p.Ev, tid);
+        cp_async_commit();
+
+        float o[DV / 2];
+#pragma unroll
+        for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;
+        float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.0f, 0.0f};
+        const unsigned qbase = sQ + wg * 64 * 128;
+
+        for (int j = 0; j < nt; ++j) {
+            const int n0 = j * BN;
+            if (j + 1 < nt) load_swizzled<BN, QA>(sK + ((j + 1) & 1) * K_BYTES, k + (i64)(n0 + BN) * p.sk[2], p.sk[2],
+                                                  S - n0 - BN, p.E, tid);
+            cp_async_commit();
+            cp_async_wait<2>();   // q and k[j] have landed (this thread's copies) ...
+            fence_proxy_async();  // ... visible to the tensor cores' proxy ...
+            __syncthreads();      // ... for every thread; and every warpgroup is done with v[j - 1]
+            if (j + 1 < nt) load_swizzled<BN, VA>(sV + ((j + 1) & 1) * V_BYTES, v + (i64)(n0 + BN) * p.sv[2], p.sv[2],
+                                                  S - n0 - BN, p.Ev, tid);
+            cp_async_commit();
+            const bool active = !CAUSAL || n0 <= wg0 + 63;  // warpgroup-uniform: wgmma is collective
+            float s[BN / 2];
+            unsigned pa[BN / 16][4];
+            if (active) {
+                // -- S = q k^T
+                const unsigned kbase = sK + (j & 1) * K_BYTES;
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk)
+                    wgmma_ss<BN>(s, desc(qbase + (kk >> 2) * BM * 128 + (kk & 3) * 32, 16, 1024),
+                                 desc(kbase + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16, 1024), kk);
+                wg_commit();
+                wg_wait<0>();
+                fence_regs<BN / 2>(s);
+                // -- scale into base 2, mask: s[4 n + e] is row g + 8 (e >> 1), key n0 + 8 n + 2 t + (e & 1)
+                const bool edge = n0 + BN > S || (CAUSAL && n0 + BN - 1 > wr0);
+#pragma unroll
+                for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int kc = n0 + n * 8 + 2 * t + (e & 1);
+                        float x = s[4 * n + e] * sl2;
+#if MASK == 1
+                        if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
+#elif MASK == 2
+                        if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
+#endif
+                        if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
+                        s[4 * n + e] = x;
+                    }
+                // -- online softmax (the quad t = 0..3 shares rows g and g + 8)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    float mx = m_r[hh];
+#pragma unroll
+                    for (int n = 0; n < BN / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float base = mx == NEG_INF ? 0.0f : mx;
+                    const float alpha = ex2(m_r[hh] - base);
+                    m_r[hh] = mx;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < BN / 8; ++n) {
+                        s[4 * n + 2 * hh] = ex2(s[4 * n + 2 * hh] - base);
+                        s[4 * n + 2 * hh + 1] = ex2(s[4 * n + 2 * hh + 1] - base);
+                        sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
+                    }
+                    l_r[hh] = l_r[hh] * alpha + sum;
+#pragma unroll
+                    for (int n = 0; n < DV / 8; ++n) {
+                        o[4 * n + 2 * hh] *= alpha;
+                        o[4 * n + 2 * hh + 1] *= alpha;
+                    }
+                }
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) {
+                    pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
+                    pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
+                    pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
+                    pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+                }
+            }
+            cp_async_wait<2>();   // v[j] has landed ...
+            fence_proxy_async();
+            __syncthreads();      // ... for every thread; and every warpgroup is done with k[j]
+            if (active) {
+                // -- O += P v
+                const unsigned vbase = sV + (j & 1) * V_BYTES;
+                fence_regs<DV / 2>(o);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<DV>(o, pa[kk], desc(vbase + kk * 16 * 128, BN * 128, 1024));
+                wg_commit();
+                wg_wait<0>();
+                fence_regs<DV / 2>(o);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // every warpgroup is done with the q tile: it stages the output
+
+        float inv[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float l = l_r[hh];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[hh] = l == 0.0f ? 0.0f : 1.0f / l;
+        }
+        bits16* st = stage_out + warp * 16 * OROW;  // the warp's 16 rows
+#pragma unroll
+        for (int n = 0; n < DV / 8; ++n)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                *reinterpret_cast<unsigned*>(st + (g + hh * 8) * OROW + n * 8 + 2 * t) =
+                    pack2(o[4 * n + 2 * hh] * inv[hh], o[4 * n + 2 * hh + 1] * inv[hh]);
+        __syncwarp();
+        const int Ev = p.Ev;
+        const bool vec_out = (Ev & 7) == 0;
+        bits16* out = O + ((i64)bh * L + wr0) * Ev;
+        for (int idx = lane; idx < 16 * (DV / 8); idx += 32) {
+            const int row = idx / (DV / 8), c = idx - row * (DV / 8);
+            if (wr0 + row >= L || c * 8 >= Ev) continue;
+            const bits16* src = st + row * OROW + c * 8;
+            bits16* dst = out + (i64)row * Ev + c * 8;
+            if (vec_out) {
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (c * 8 + e < Ev) dst[e] = src[e];
+            }
+        }
+        __syncthreads();  // the next (batch, head) reloads the tiles
+    }
+#else
+    __trap();  // built for a target without wgmma: attention.py never launches this
+#endif
 }
 #endif

@@ -13,6 +13,12 @@ heads (GQA included) read in place through those strides, never copied or expand
   past its own rows skipped, the diagonal tile masked. E and Ev up to 256, padded in shared
   memory to multiples of 16 (head dims 64 and 128 are exact). Why: no L x S buffer (S = 32768
   runs in the memory of its operands), one read of q, k and v per query tile, the tensor cores.
+* ``flash_wgmma`` (float16, bfloat16; Hopper, sm_90a): the same algorithm with warpgroup MMA
+  (``wgmma.mma_async``): one or two warpgroups of 64 query rows, S = q k^T with both operands read
+  by the tensor cores from shared memory (128-byte swizzle), P v with P from registers; E and Ev
+  padded to 64, 128 or 256; needs the 16-byte copies (a misaligned base at the call runs
+  ``flash``'s element-load build). Why: ``mma.sync`` reaches about 2/3 of an H100's tensor peak,
+  wgmma all of it.
 * ``flash_f32`` (float32): the same kernel with each product in three TF32 ``mma.sync``
   (``a_lo b_hi + a_hi b_lo + a_hi b_hi``): errors of plain fp32 FMAs (not TF32's 1e-3) at tensor
   core speed. E and Ev padded to multiples of 8.
@@ -68,6 +74,8 @@ COMPOSITE_MAX_BYTES = 8 << 30
 #: (BM, BN, WARPS): query rows per block (16 per warp) and keys per tile
 FLASH_CONFIGS = tuple({"BM": bm, "BN": bn, "WARPS": bm // 16}
                       for bm, bn in ((128, 64), (128, 128), (64, 64), (64, 128), (128, 32), (64, 32)))
+#: (BM, BN, NWG): 64 query rows per warpgroup
+WGMMA_CONFIGS = tuple({"BM": 64 * nwg, "BN": bn, "NWG": nwg} for nwg, bn in ((2, 128), (2, 64), (1, 128), (1, 64)))
 F32_CONFIGS = tuple({"BM": bm, "BN": bn, "WARPS": bm // 16} for bm, bn in ((64, 64), (128, 64), (64, 32), (128, 32)))
 #: WARPS: 4 query rows each; BN (keys per tile) follows from the shared memory (:func:`simt_bn`)
 SIMT_CONFIGS = ({"WARPS": 4}, {"WARPS": 8})
@@ -79,6 +87,8 @@ def kernels() -> list[Kernel]:
     return [
         Kernel(OP, f"{NAME}.flash", "cuda", HALVES, prepare=_prepare_flash, supports=_flash_ok, cost=_cost_flash,
                config_for=_flash_configs, configs=FLASH_CONFIGS, source=src),
+        Kernel(OP, f"{NAME}.flash_wgmma", "cuda", HALVES, prepare=_prepare_wgmma, supports=_wgmma_ok,
+               cost=_cost_wgmma, config_for=_wgmma_configs, configs=WGMMA_CONFIGS, source=src),
         Kernel(OP, f"{NAME}.flash_f32", "cuda", frozenset({"float32"}), prepare=_prepare_flash, supports=_flash_ok,
                cost=_cost_flash, config_for=_flash_configs, configs=F32_CONFIGS, source=src),
         Kernel(OP, f"{NAME}.simt", "cuda", DTYPES, prepare=_prepare_simt, supports=_simt_ok, cost=_cost_simt,
@@ -176,6 +186,21 @@ def flash_smem(dtype: str, d: int, dv: int, bm: int, bn: int) -> int:
     return 16 * (bm * max(qs, vs) + 2 * bn * qs + 2 * bn * vs)
 
 
+def wgmma_dims(problem: Problem) -> tuple[int, int]:
+    """(D, DV) of the wgmma kernel: E and Ev padded to 64, 128 or 256."""
+    def pad(n: int) -> int:
+        return 64 if n <= 64 else (128 if n <= 128 else 256)
+
+    return pad(problem.shapes[0][3]), pad(problem.out_shape[3])
+
+
+def wgmma_smem(d: int, dv: int, bm: int, bn: int) -> int:
+    """The wgmma kernel's shared memory: 1 KiB to align by hand, the q / output tile, two stages of
+    k and v."""
+    q_region = -(-max(bm * d, bm * (dv + 8)) * 2 // 1024) * 1024
+    return 1024 + q_region + 2 * bn * d * 2 + 2 * bn * dv * 2
+
+
 def simt_bn(problem: Problem, warps: int) -> tuple[int, int] | None:
     """(BN, shared bytes) of the simt kernel: the most keys per tile whose shared memory stays
     under 100 KiB (two blocks per SM), else 16 keys if they fit at all."""
@@ -216,6 +241,30 @@ def _flash_configs(problem: Problem) -> list[Mapping[str, Any]]:
         return (c["BM"] != (64 if few else 128), abs(c["BN"] - bn_pref), -c["BM"])
 
     return sorted(fits, key=rank)
+
+
+def _sm90(problem: Problem) -> bool:
+    try:
+        return cc.arch_of(problem.device.provider.index) == "90"
+    except Exception:  # noqa: BLE001 - no CuPy or no device here: no wgmma either
+        return False
+
+
+def _wgmma_configs(problem: Problem) -> list[Mapping[str, Any]]:
+    """128 rows (two warpgroups) first unless that leaves fewer than two blocks per SM; 128-key
+    tiles for head dims up to 128, 64 beyond (the accumulators of S and O share the registers)."""
+    d, dv = wgmma_dims(problem)
+    fits = [c for c in WGMMA_CONFIGS if wgmma_smem(d, dv, c["BM"], c["BN"]) <= SMEM_MAX
+            and (max(d, dv) <= 128 or c["BN"] == 64)]
+    B, H, L, _ = problem.out_shape
+    sms = getattr(problem.device.provider, "sm_count", 132)
+    few = -(-L // 128) * B * H < 2 * sms
+    return sorted(fits, key=lambda c: (c["BM"] != (64 if few else 128), c["BN"] != 128))
+
+
+def _wgmma_ok(problem: Problem) -> bool:
+    return (_sizes_ok(problem) and geometry(problem).vec(problem.dtype) and bool(_wgmma_configs(problem))
+            and _sm90(problem))
 
 
 def _simt_ok(problem: Problem) -> bool:
@@ -274,6 +323,24 @@ def _cost_flash(problem: Problem, config: Mapping[str, Any]) -> float:
     return max(flops / rate, nbytes / bw, kv / (4 * bw)) + LAUNCH_S
 
 
+#: the wgmma kernel's expected fraction of the dense tensor peak per (BM, BN)
+WGMMA_EFF = {(128, 128): 0.55, (128, 64): 0.5, (64, 128): 0.45, (64, 64): 0.42}
+
+
+def _cost_wgmma(problem: Problem, config: Mapping[str, Any]) -> float:
+    flops, nbytes = _op_figures(problem)
+    _, f16, bw = problem.device.provider.figures()
+    d, dv = wgmma_dims(problem)
+    B, H, L, Ev = problem.out_shape
+    E = problem.shapes[0][3]
+    rate = f16 * WGMMA_EFF[(config["BM"], config["BN"])] * (E + Ev) / (d + dv)
+    if geometry(problem).mask is not None:
+        rate *= 0.8
+    S = problem.shapes[1][2]
+    kv = B * H * -(-L // config["BM"]) * S * (E + Ev) * itemsize(problem.dtype)
+    return max(flops / rate, nbytes / bw, kv / (4 * bw)) + LAUNCH_S
+
+
 def _cost_simt(problem: Problem, config: Mapping[str, Any]) -> float:
     flops, nbytes = _op_figures(problem)
     f32, _, bw = problem.device.provider.figures()
@@ -321,7 +388,7 @@ def flash_defines(problem: Problem, config: Mapping[str, Any], vec: bool) -> dic
 
 def label(kernel: str, problem: Problem, defines: Mapping[str, int]) -> str:
     """The kernel's name with the build's options: what a compile error or a failure names."""
-    keys = [f"{k}={defines[k]}" for k in ("D", "DV", "BM", "BN", "WARPS", "THREADS") if k in defines]
+    keys = [f"{k}={defines[k]}" for k in ("D", "DV", "BM", "BN", "WARPS", "NWG", "THREADS") if k in defines]
     flags = ["causal"] if defines.get("CAUSAL") else []
     flags += [{1: "bool-mask", 2: "float-mask"}[defines["MASK"]]] if defines.get("MASK") else []
     if "VEC" in defines:
@@ -376,6 +443,39 @@ def _prepare_flash(problem: Problem, config: Mapping[str, Any]) -> Callable[...,
         return cc.FastLaunch(fn, grid, (config["WARPS"] * 32,), pointers=5, scalars=[params], shared_mem=smem)
 
     return _launcher(problem, build, g.vec(problem.dtype), kernel)
+
+
+def wgmma_defines(problem: Problem, config: Mapping[str, Any]) -> dict[str, int]:
+    g = geometry(problem)
+    d, dv = wgmma_dims(problem)
+    return {"DTYPE": DTYPE_CODE[problem.dtype], "FAMILY": 4, "D": d, "DV": dv, "BN": config["BN"],
+            "NWG": config["NWG"], "CAUSAL": int(g.causal), "MASK": _mask_code(g)}
+
+
+def _prepare_wgmma(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
+    g = geometry(problem)
+    dev = problem.device.provider.index
+    kernel = f"{NAME}.flash_wgmma"
+    params = g.params()
+    d, dv = wgmma_dims(problem)
+    smem = wgmma_smem(d, dv, config["BM"], config["BN"])
+    fallback = FLASH_CONFIGS[2]  # misaligned bases: the mma.sync kernel's element-load build
+
+    def build(vec: bool) -> Any:
+        if not vec:
+            defines = flash_defines(problem, fallback, False)
+            fn = cc.get_function(SOURCE, "attn_flash", defines, dev, kernel=label(f"{NAME}.flash", problem, defines))
+            fsmem = flash_smem(problem.dtype, *flash_dims(problem), fallback["BM"], fallback["BN"])
+            _opt_in(fn, fsmem, dev)
+            grid = (-(-g.L // fallback["BM"]), min(g.B * g.H, MAX_GRID_Y))
+            return cc.FastLaunch(fn, grid, (fallback["WARPS"] * 32,), pointers=5, scalars=[params], shared_mem=fsmem)
+        defines = wgmma_defines(problem, config)
+        fn = cc.get_function(SOURCE, "attn_wgmma", defines, dev, kernel=label(kernel, problem, defines), arch="90a")
+        _opt_in(fn, smem, dev)
+        grid = (-(-g.L // config["BM"]), min(g.B * g.H, MAX_GRID_Y))
+        return cc.FastLaunch(fn, grid, (config["NWG"] * 128,), pointers=5, scalars=[params], shared_mem=smem)
+
+    return _launcher(problem, build, True, kernel)
 
 
 def simt_defines(problem: Problem, config: Mapping[str, Any]) -> dict[str, int]:
@@ -495,6 +595,13 @@ def build_variants() -> list[tuple[str, dict]]:
     flash("float32", 128, 128, F32_CONFIGS[0], causal=1, mask=1)
     flash("float32", 256, 256, F32_CONFIGS[2], mask=2)
     flash("float32", 8, 40, F32_CONFIGS[0], causal=1, vec=0)
+    for d in (64, 128):
+        for cfg in WGMMA_CONFIGS:
+            out.append((SOURCE, {"DTYPE": 1, "FAMILY": 4, "D": d, "DV": d, "BN": cfg["BN"], "NWG": cfg["NWG"],
+                                 "CAUSAL": 0, "MASK": 0}))
+    out.append((SOURCE, {"DTYPE": 2, "FAMILY": 4, "D": 128, "DV": 128, "BN": 128, "NWG": 2, "CAUSAL": 1, "MASK": 0}))
+    out.append((SOURCE, {"DTYPE": 1, "FAMILY": 4, "D": 256, "DV": 256, "BN": 64, "NWG": 2, "CAUSAL": 0, "MASK": 1}))
+    out.append((SOURCE, {"DTYPE": 2, "FAMILY": 4, "D": 64, "DV": 128, "BN": 64, "NWG": 1, "CAUSAL": 1, "MASK": 2}))
     for code in DTYPE_CODE.values():
         out.append((SOURCE, {"DTYPE": code, "FAMILY": 2, "WARPS": 8, "BN": 16, "DV": 256, "CAUSAL": 0,
                              "MASK": 2}))

@@ -31,7 +31,7 @@ from opruntime.testing.numerics import TOLERANCE, rel_err
 
 ATTENTION = OPS["scaled_dot_product_attention"]
 STAND_IN = StandInDevice()
-NAMES = {f"cupy.scaled_dot_product_attention.{v}" for v in ("flash", "flash_f32", "simt", "composite")}
+NAMES = {f"cupy.scaled_dot_product_attention.{v}" for v in ("flash", "flash_wgmma", "flash_f32", "simt", "composite")}
 
 
 def kernel(variant: str):
@@ -60,6 +60,7 @@ def test_kernel_table_covers_every_cuda_dtype():
     assert all(k.prepare is not None and k.run is None and k.op == ATTENTION.name for k in table.values())
     assert table["cupy.scaled_dot_product_attention.flash"].dtypes == {"float16", "bfloat16"}
     assert table["cupy.scaled_dot_product_attention.flash_f32"].dtypes == {"float32"}
+    assert table["cupy.scaled_dot_product_attention.flash_wgmma"].dtypes == {"float16", "bfloat16"}
     covered = set().union(*(k.dtypes for k in table.values()))
     assert covered == softmax.DTYPES  # every dtype the backend's other kernels declare, float64 included
     assert table["cupy.scaled_dot_product_attention.simt"].dtypes == softmax.DTYPES
@@ -164,7 +165,7 @@ def test_build_variants_cover_each_family_and_dtype():
     variants = attention.build_variants()
     assert all(f == "attention.cu" for f, _ in variants)
     seen = {(d["FAMILY"], d["DTYPE"]) for _, d in variants}
-    assert {(1, 0), (1, 1), (1, 2)} <= seen and {(2, c) for c in range(4)} <= seen and {(3, c) for c in range(4)} <= seen
+    assert {(1, 0), (1, 1), (1, 2), (4, 1), (4, 2)} <= seen and {(2, c) for c in range(4)} <= seen and {(3, c) for c in range(4)} <= seen
     flash = [d for _, d in variants if d["FAMILY"] == 1]
     assert {d["CAUSAL"] for d in flash} == {0, 1} and {d["MASK"] for d in flash} == {0, 1, 2}
     assert {d["VEC"] for d in flash} == {0, 1} and {64, 128, 256} <= {d["D"] for d in flash}
@@ -388,6 +389,8 @@ def check(cp, name: str, cfg, datas, attrs, dtype: str, what: str = "") -> None:
 
     k = kernel(name)
     problem, norm, casts = ATTENTION.problem(list(datas), opr.Device("cuda:0"), dict(attrs))
+    if name == "flash_wgmma" and not attention._sm90(problem):
+        pytest.skip("wgmma needs an sm_90 device")
     assert problem.dtype == dtype and not any(casts), (problem, casts)
     assert k.supports(problem), f"{k.name} declines {problem}"
     cfg = cfg if cfg is not None else k.candidates(problem)[0]
@@ -402,7 +405,8 @@ def check(cp, name: str, cfg, datas, attrs, dtype: str, what: str = "") -> None:
 
 
 #: (kernel variant, dtype): every kernel in every dtype it declares
-KERNEL_DTYPES = [("flash", "float16"), ("flash", "bfloat16"), ("flash_f32", "float32")] + [
+KERNEL_DTYPES = [("flash", "float16"), ("flash", "bfloat16"), ("flash_wgmma", "float16"), ("flash_wgmma", "bfloat16"),
+                 ("flash_f32", "float32")] + [
     (name, d) for name in ("simt", "composite") for d in ("float64", "float32", "float16", "bfloat16")]
 
 #: every config of every kernel runs these: E 64 / 128 / 96, causal and not, both masks, GQA, odd sizes
@@ -446,6 +450,12 @@ def _run(cp, name, dtype, cases, every_config: bool, seed: int) -> None:
         import opruntime as opr
 
         problem, _, _ = ATTENTION.problem(list(datas), opr.Device("cuda:0"), dict(attrs))
+        if name == "flash_wgmma":
+            if not attention._sm90(problem):
+                pytest.skip("wgmma needs an sm_90 device")
+            if not attention.geometry(problem).vec(dtype):
+                assert not kernel(name).supports(problem)  # element loads: flash's, not this kernel's
+                continue
         cfgs = list(kernel(name).candidates(problem))
         assert cfgs, (name, spec)
         for cfg in cfgs if every_config else cfgs[:1]:
@@ -480,14 +490,16 @@ def test_fully_masked_rows_are_zeros_and_nan_masks_give_nan_rows(cp, name, dtype
     check(cp, name, None, datas, attrs, dtype, "NaN mask")
 
 
+LONG = [("flash", "float16"), ("flash", "bfloat16"), ("flash_wgmma", "float16"), ("flash_wgmma", "bfloat16"),
+        ("flash_f32", "float32")]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("name,dtype", LONG, ids=[f"{n}-{d}" for n, d in LONG])
 @pytest.mark.parametrize("causal", [False, True])
-def test_long_sequence_no_score_buffer(cp, dtype, causal):
+def test_long_sequence_no_score_buffer(cp, name, dtype, causal):
     """S = L = 32768, B=1, H=8, E=128: runs (no L x S buffer) and a few rows of each head match."""
     import opruntime as opr
-
-    name = "flash_f32" if dtype == "float32" else "flash"
     rng = np.random.default_rng(17)
     S, E = 32768, 128
     hosts = [rng.standard_normal((1, 8, S, E)) for _ in range(3)]
@@ -495,6 +507,8 @@ def test_long_sequence_no_score_buffer(cp, dtype, causal):
     hosts = [to_host(cp, d).astype(np.float64) for d in datas]
     problem, _, _ = ATTENTION.problem(datas, opr.Device("cuda:0"), {"is_causal": causal})
     k = kernel(name)
+    if name == "flash_wgmma" and not attention._sm90(problem):
+        pytest.skip("wgmma needs an sm_90 device")
     assert not kernel("composite").supports(problem)
     out = to_host(cp, k(problem, k.candidates(problem)[0], *datas)).astype(np.float64)
     rows = [0, 1, 63, 64, 4095, 20001, S - 1]
