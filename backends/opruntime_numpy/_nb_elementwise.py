@@ -150,3 +150,25 @@ def bias_act(y, bias, code):
         else:
             for j in range(inner):
                 yr[j] = tanh_(yr[j] + bv)
+
+
+@njit(**OPTIONS)
+def act_row(y, b, code):
+    """In place on the 1-D ``y``: ``y = act(code, y + b)``: the epilogue of a convolution's output
+    row (codes of :data:`CODES`: none, relu, gelu, gelu_tanh, silu)."""
+    n = y.shape[0]
+    if code == 0:
+        for j in range(n):
+            y[j] = y[j] + b
+    elif code == 2:
+        for j in range(n):
+            y[j] = relu(y[j] + b)
+    elif code == 3:
+        for j in range(n):
+            y[j] = gelu(y[j] + b)
+    elif code == 4:
+        for j in range(n):
+            y[j] = gelu_tanh(y[j] + b)
+    else:
+        for j in range(n):
+            y[j] = silu(y[j] + b)

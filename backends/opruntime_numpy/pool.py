@@ -10,6 +10,12 @@
   per window; divided by the windows' sizes. The 1x1 (global) pool is one sum over H and W.
 
 float16 is accumulated in float32 (avg), max compares in the input's dtype (exact).
+
+With numba (:mod:`.jit`), ``numpy.max_pool2d.numba`` and ``numpy.avg_pool2d.numba`` take one
+plane per parallel task: the plane copied once into a padded buffer in cache, each output row
+reduced from rows of taps (:mod:`._nb_conv`), so the input is read once and the output written
+once (the NumPy path passes over the outputs once per tap). float16 is computed in float32
+(exact for max).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
+from . import jit
 from .conv import _threads
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
@@ -153,10 +160,47 @@ def adaptive_cost(problem: Problem, config: Any) -> float:
                     5e-6 * (oh + ow))
 
 
+def prepare_numba(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.<op>.numba`` (max or avg)."""
+    nb = jit.loops("_nb_conv")
+    n, c, h, w = problem.shapes[0]
+    oh, ow = problem.out_shape[2:]
+    kh, kw, sh, sw, ph, pw, dh, dw, bh, bw = _geometry(problem)
+    is_max = problem.op == "max_pool2d"
+    acc_t = np.dtype(np.float32 if problem.dtype == "float16" else problem.dtype)
+    if is_max:
+        div = np.ones((1, 1), acc_t)
+    else:
+        a = problem.attrs
+        div = np.outer(_divisors(h, oh, kh, ph, sh, a["count_include_pad"]),
+                       _divisors(w, ow, kw, pw, sw, a["count_include_pad"])).astype(acc_t)
+
+    def launch(x: np.ndarray) -> np.ndarray:
+        x3 = x.astype(acc_t, copy=False).reshape(n * c, h, w)
+        out = np.empty((n * c, oh, ow), acc_t)
+        jit.call(nb.pool, x3, out, div, kh, kw, sh, sw, dh, dw, ph, pw, ph + h + bh, pw + w + bw, is_max)
+        return out.reshape(problem.out_shape).astype(problem.dtype, copy=False)
+
+    return jit.first_use(f"numpy.{problem.op}.numba", launch)
+
+
+def numba_cost(problem: Problem, config: Any) -> float:
+    """One read of the input, one write of the output; the taps from cache."""
+    kh, kw = problem.attrs["kernel_size"]
+    n_in, n_out = math.prod(problem.shapes[0]), math.prod(problem.out_shape)
+    return roofline(float(n_out * kh * kw), (n_in + n_out) * itemsize(problem.dtype), CPU_FLOPS, CPU_BYTES * 1.5,
+                    8e-6)
+
+
 def kernels() -> list[Kernel]:
-    return [
+    out = [
         Kernel("max_pool2d", "numpy.max_pool2d.taps", "cpu", FLOATS, max_pool2d, cost=pool_cost, configs=CONFIGS),
         Kernel("avg_pool2d", "numpy.avg_pool2d.taps", "cpu", FLOATS, avg_pool2d, cost=pool_cost, configs=CONFIGS),
         Kernel("adaptive_avg_pool2d", "numpy.adaptive_avg_pool2d.separable", "cpu", FLOATS, adaptive_avg_pool2d,
                cost=adaptive_cost),
     ]
+    if jit.available():
+        src = jit.source("_nb_conv")
+        out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src)
+                for op in ("max_pool2d", "avg_pool2d")]
+    return out

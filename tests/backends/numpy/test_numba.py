@@ -27,6 +27,7 @@ from opruntime_numpy import jit
 NUMBA_KERNELS = [
     "numpy.softmax.numba", "numpy.log_softmax.numba", "numpy.layer_norm.numba", "numpy.rms_norm.numba",
     *(f"numpy.{op}.numba" for op in ("add", "sub", "mul", "div", "neg", "relu", "gelu", "silu", "sigmoid", "tanh")),
+    "numpy.conv2d.numba_depthwise", "numpy.conv2d.numba_direct", "numpy.max_pool2d.numba", "numpy.avg_pool2d.numba",
 ]
 
 
@@ -41,7 +42,7 @@ def kernel(name: str) -> opr.Kernel:
 
 
 def test_every_numba_kernel_is_registered():
-    have = {k for k in registry().kernels if k.endswith(".numba")}
+    have = {k for k in registry().kernels if ".numba" in k}
     assert have == set(NUMBA_KERNELS)
 
 
@@ -181,3 +182,33 @@ def test_without_numba_the_numpy_kernels_remain(monkeypatch):
         monkeypatch.undo()
         plugins.reset()
     assert "numpy.softmax.numba" in registry().kernels
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("name,groups", [("numpy.conv2d.numba_direct", 1), ("numpy.conv2d.numba_depthwise", 2)])
+@pytest.mark.parametrize("attrs", [{"padding": 1}, {"padding": 2, "stride": 2}, {"padding": "same", "dilation": 2},
+                                   {"padding": (0, 2)}], ids=str)
+@pytest.mark.parametrize("special", [np.inf, np.nan], ids=["inf", "nan"])
+def test_conv_specials_at_padded_taps(name, groups, attrs, special):
+    """An inf or NaN weight over the zero padding gives NaN exactly where the float64 reference
+    does (the padded taps are multiplied, not skipped), wide (stride 1) and strided."""
+    rng = np.random.default_rng()
+    x = rng.uniform(0.5, 2.0, (1, 2, 6, 7)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, (2 * (groups == 2) + 2 * (groups == 1), 2 // groups, 3, 3)).astype(np.float32)
+    w[0, 0, 0, 0] = special
+    w[-1, -1, 2, 1] = special
+    with pinned(name):
+        out = opr.conv2d(x, w, groups=groups, **attrs).numpy()
+    ref = OPS["conv2d"].reference(x.astype(np.float64), w.astype(np.float64), groups=groups, **attrs)
+    assert np.isnan(ref).any()
+    assert rel_err(out, ref) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
+def test_pool_nan_and_inf(op):
+    x = np.random.default_rng().standard_normal((2, 3, 9, 11)).astype(np.float32)
+    x[0, 1, 4, 4], x[1, 2, 0, 0], x[1, 0, 8, 10] = np.nan, np.inf, -np.inf
+    with pinned(f"numpy.{op}.numba"):
+        out = getattr(opr, op)(x, kernel_size=3, stride=2, padding=1).numpy()
+    ref = OPS[op].reference(x.astype(np.float64), kernel_size=3, stride=2, padding=1)
+    assert rel_err(out, ref) <= TOLERANCE["float32"]

@@ -1,0 +1,195 @@
+"""numba loops of the convolutions and pools (imported through :mod:`.jit` only): depthwise and
+small-channel direct conv2d, max / avg pooling. Each parallel task is one (image, channel) plane
+(direct conv: one image's group of channels): the plane is copied once into a zero-padded
+(max pool: -inf-padded) buffer that stays in L1 / L2, then the outputs are built from taps:
+
+* stride 1 (convolutions): *wide*, as the NumPy kernels' ``Taps``: output row ``y`` is computed
+  at every one of the ``Wp`` padded columns, so each tap is one long vectorized loop over
+  ``Ho * Wp`` values of the flattened padded plane shifted by the tap's offset (the values read
+  past a row's end only reach dropped columns); the kept columns are then copied out with the
+  bias and activation;
+* otherwise, per output row, one loop over the row per tap (a strided read).
+
+The padded values take part in the arithmetic as the float64 reference's do (a NaN or infinite
+weight over the padding gives NaN). float32 and float64 natively; the launchers widen float16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._nb_elementwise import act_row
+
+OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
+
+
+@njit(**OPTIONS)
+def _tap_row(acc, row, wv, start, sw, wo):
+    """``acc[ox] += wv * row[start + ox * sw]`` for ``ox < wo``."""
+    if sw == 1:
+        seg = row[start:start + wo]
+        for ox in range(wo):
+            acc[ox] += wv * seg[ox]
+    else:
+        seg = row[start:start + sw * (wo - 1) + 1:sw]
+        for ox in range(wo):
+            acc[ox] += wv * seg[ox]
+
+
+@njit(**OPTIONS)
+def _wide_tap(acc, flat, wv, off):
+    """``acc[k] += wv * flat[off + k]`` over the whole wide plane."""
+    src = flat[off:off + acc.shape[0]]
+    for k in range(acc.shape[0]):
+        acc[k] += wv * src[k]
+
+
+@njit(**OPTIONS)
+def _wide_row(acc, flat, wrow, off, dw):
+    """The taps of one kernel row (weights ``wrow``) into the wide plane: three taps per pass over
+    ``acc`` where the row has three (one read-modify-write of ``acc`` per three products)."""
+    kw = wrow.shape[0]
+    n = acc.shape[0]
+    j = 0
+    while j + 3 <= kw:
+        w0, w1, w2 = wrow[j], wrow[j + 1], wrow[j + 2]
+        s0 = flat[off + j * dw:off + j * dw + n]
+        s1 = flat[off + (j + 1) * dw:off + (j + 1) * dw + n]
+        s2 = flat[off + (j + 2) * dw:off + (j + 2) * dw + n]
+        for k in range(n):
+            acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
+        j += 3
+    while j < kw:
+        _wide_tap(acc, flat, wrow[j], off + j * dw)
+        j += 1
+
+
+@njit(**OPTIONS)
+def _crop(out_plane, acc, wp, b, code):
+    """The kept columns of the wide plane ``acc`` into ``out_plane`` (Ho, Wo), bias and activation."""
+    ho, wo = out_plane.shape
+    for oy in range(ho):
+        row = out_plane[oy]
+        src = acc[oy * wp:oy * wp + wo]
+        for ox in range(wo):
+            row[ox] = src[ox]
+        act_row(row, b, code)
+
+
+@njit(parallel=True, **OPTIONS)
+def depthwise(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code):
+    """Depthwise conv2d (groups == C, ``O = C * mult``): ``x`` (N, C, H, W) any strides, ``w``
+    (O, kh, kw), ``bias`` (O,) or size 0, ``out`` (N, O, Ho, Wo) C-contiguous; then the bias and
+    activation ``code`` (``_nb_elementwise.CODES``) per output row."""
+    n_img, c_in, h, wd = x.shape
+    o_out, kh, kw = w.shape
+    ho, wo = out.shape[2], out.shape[3]
+    mult = o_out // c_in
+    has_bias = bias.shape[0] > 0
+    wide = sh == 1 and sw == 1
+    slack = (kw - 1) * dw
+    for t in prange(n_img * c_in):
+        n = t // c_in
+        c = t % c_in
+        flat = np.zeros(hp * wp + slack, x.dtype)
+        xp = flat[:hp * wp].reshape((hp, wp))
+        xp[pt:pt + h, pl:pl + wd] = x[n, c]
+        acc = np.empty(ho * wp if wide else 0, x.dtype)
+        for m in range(mult):
+            o = c * mult + m
+            b = bias[o] if has_bias else x.dtype.type(0.0)
+            if wide:
+                acc[:] = 0
+                for i in range(kh):
+                    _wide_row(acc, flat, w[o, i], i * dh * wp, dw)
+                _crop(out[n, o], acc, wp, b, code)
+                continue
+            for oy in range(ho):
+                row_acc = out[n, o, oy]
+                row_acc[:] = 0
+                for i in range(kh):
+                    row = xp[oy * sh + i * dh]
+                    for j in range(kw):
+                        _tap_row(row_acc, row, w[o, i, j], j * dw, sw, wo)
+                act_row(row_acc, b, code)
+
+
+@njit(parallel=True, **OPTIONS)
+def direct(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, groups, code):
+    """Direct conv2d for few input channels per group: ``x`` (N, C, H, W), ``w`` (O, C/g, kh, kw),
+    ``out`` (N, O, Ho, Wo). One task per (image, group): its padded input channels are copied
+    once, then each output channel sums every (channel, tap) into its plane."""
+    n_img, c_in, h, wd = x.shape
+    o_out, cg, kh, kw = w.shape
+    ho, wo = out.shape[2], out.shape[3]
+    og = o_out // groups
+    has_bias = bias.shape[0] > 0
+    wide = sh == 1 and sw == 1
+    slack = (kw - 1) * dw
+    plane = hp * wp + slack
+    for t in prange(n_img * groups):
+        n = t // groups
+        g = t % groups
+        flat = np.zeros(cg * plane, x.dtype)
+        for c in range(cg):
+            xp = flat[c * plane:c * plane + hp * wp].reshape((hp, wp))
+            xp[pt:pt + h, pl:pl + wd] = x[n, g * cg + c]
+        acc = np.empty(ho * wp if wide else 0, x.dtype)
+        for oo in range(og):
+            o = g * og + oo
+            b = bias[o] if has_bias else x.dtype.type(0.0)
+            if wide:
+                acc[:] = 0
+                for c in range(cg):
+                    fc = flat[c * plane:(c + 1) * plane]
+                    for i in range(kh):
+                        _wide_row(acc, fc, w[o, c, i], i * dh * wp, dw)
+                _crop(out[n, o], acc, wp, b, code)
+                continue
+            for oy in range(ho):
+                row_acc = out[n, o, oy]
+                row_acc[:] = 0
+                for c in range(cg):
+                    xp = flat[c * plane:c * plane + hp * wp].reshape((hp, wp))
+                    for i in range(kh):
+                        row = xp[oy * sh + i * dh]
+                        for j in range(kw):
+                            _tap_row(row_acc, row, w[o, c, i, j], j * dw, sw, wo)
+                act_row(row_acc, b, code)
+
+
+@njit(parallel=True, **OPTIONS)
+def pool(x, out, div, kh, kw, sh, sw, dh, dw, ph, pw, hp, wp, is_max):
+    """max (``is_max``; NaN propagates, as torch) or avg pooling (sums divided by the ``div``
+    table, (Ho, Wo)) of ``x`` (P, H, W) planes into ``out`` (P, Ho, Wo)."""
+    planes, h, wd = x.shape
+    ho, wo = out.shape[1], out.shape[2]
+    fill = -np.inf if is_max else 0.0
+    for p in prange(planes):
+        xp = np.full((hp, wp), fill, x.dtype)
+        xp[ph:ph + h, pw:pw + wd] = x[p]
+        for oy in range(ho):
+            acc = out[p, oy]
+            first = True
+            for i in range(kh):
+                row = xp[oy * sh + i * dh]
+                for j in range(kw):
+                    start = j * dw
+                    seg = row[start:start + sw * (wo - 1) + 1:sw]
+                    if first:
+                        for ox in range(wo):
+                            acc[ox] = seg[ox]
+                        first = False
+                    elif is_max:
+                        for ox in range(wo):
+                            v = seg[ox]
+                            a = acc[ox]
+                            acc[ox] = v if (v > a or v != v) else a
+                    else:
+                        for ox in range(wo):
+                            acc[ox] += seg[ox]
+            if not is_max:
+                d = div[oy]
+                for ox in range(wo):
+                    acc[ox] = acc[ox] / d[ox]
