@@ -12,30 +12,36 @@
   one over the output sets them, so the contract never rests on the engine's handling of -inf. No
   L x S buffer anywhere (S = 32768 runs). What cuDNN cannot express is refused in ``supports``:
   head dims that are not multiples of 8 or over 256, a broadcast batch, q with fewer heads than
-  the output, k and v with different head counts.
+  the output, k and v with different head counts. On the H100: 4 x 16 x 4096 x 128 float16 in
+  491 us causal and 833 us full (torch's 491 and 832), S = 32768 causal on 8 heads in 3.5 ms.
 * ``cupy.conv2d.cudnn``: ``graph.conv_fprop`` with the bias and the activation fused in the same
   graph as pointwise nodes (bias, relu, gelu (erf), gelu_approx_tanh, swish with beta 1 for silu),
   every attribute of the operator (stride, 4-sided padding as pre / post padding, dilation, groups
   from the weight's channel dim). float32 is true float32: engines with TF32 tensor cores or
   down-converted inputs (and FFT) are deselected (``deselect_numeric_notes``), and a frontend
   without that knob makes ``supports`` refuse float32; float16 / bfloat16 accumulate in float32
-  (reduced-precision reductions deselected). Two configs: ``nchw`` describes the operands in
-  place through their strides; ``nhwc`` transposes input and weight to channels-last inside its
-  launch (cuDNN's fast layout) and the result back, so its time includes the layout change. When
-  cuDNN has no engine for the fused graph, the graph is the convolution alone and one pass after
-  it adds the bias and applies the activation (``linear.cu``'s ``bias_act``).
+  (reduced-precision reductions deselected). ``prepare`` builds the fused graph and the
+  convolution alone (its bias and activation then one pass after it, ``linear.cu``'s
+  ``bias_act``), the first four plans of each, times every plan on scratch operands and keeps the
+  fastest: cuDNN's heuristic order is not its speed order (its fused float16 1x1 convolution of
+  ResNet-50 took 106 us on the H100, the convolution alone plus the pass 36 us; torch 57 us). Two
+  configs: ``nchw`` describes the operands in place through their strides; ``nhwc`` transposes
+  input and weight to channels-last inside its launch (cuDNN's fast layout) and the result back,
+  so its time includes the layout change: measured on ResNet-50's layers it lost to ``nchw``
+  every time (CuPy's transposes alone cost more than cuDNN gains), so it ranks second.
 
 The plumbing: the frontend is imported lazily (importing this module imports neither CuPy nor
 cuDNN). A missing frontend or library is a reason (:func:`cudnn_missing`, shown by
 ``opruntime info``) and each kernel's ``supports`` answers a :class:`Refusal` (a false string
 that carries it), never an error. One cuDNN handle per device and thread, set to CuPy's current
 stream on every call. Each ``prepare(problem, config)`` builds the graph once (heuristics A then
-FALLBACK, the first plan that builds; python-side engines of the frontend deselected, so the
-plan is cuDNN's own library) and keeps it with its workspace (``cupy.empty`` from CuPy's pool) in
-the launch the runtime caches. A launch passes raw device pointers: operands whose layout cuDNN
-cannot take (a stride that is not a multiple of 16 bytes, a negative one) are copied to a
-contiguous layout described that way at build time; an operand whose base address is not 16-byte
-aligned is copied to an aligned buffer of the same strides at the call.
+FALLBACK; python-side engines of the frontend deselected, so the plan is cuDNN's own library) and
+keeps it with its workspace (``cupy.empty`` from CuPy's pool) in the launch the runtime caches. A
+launch passes raw device pointers to the C++ graph (:func:`_executor`: the 1.3x frontend's Python
+``execute`` costs 50-150 us of host time per call). Operands whose layout cuDNN cannot take (a
+stride that is not a multiple of 16 bytes, a negative one) are copied to a contiguous layout
+described that way at build time; an operand whose base address is not 16-byte aligned is copied
+to an aligned buffer of the same strides at the call.
 """
 
 from __future__ import annotations
@@ -65,9 +71,17 @@ CUDNN_TYPE = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
 ALIGN = 16  # bytes: the alignment cuDNN's engines assume of every operand's base and strides
 #: the 16-bit words of -inf, +inf and a quiet NaN per dtype (bfloat16 has no CuPy arithmetic)
 BITS = {"float16": (0xFC00, 0x7C00, 0x7E00), "bfloat16": (0xFF80, 0x7F80, 0x7FC0)}
-HOST_S = 30e-6  # the frontend's execute (Python) per call, seconds
-SDPA_EFF = 0.5  # of the tensor-core peak: cuDNN's fused attention on an H100
-CONV_EFF = {("half", "nhwc"): 0.45, ("half", "nchw"): 0.25, ("float32", "nhwc"): 0.4, ("float32", "nchw"): 0.4}
+#: host seconds per call, overlapping the GPU's work (a call costs the larger): the C++ graph's
+#: execute, the operands' checks and the output (35 us measured on the H100's host); a mask's bias
+#: and rows' fix add four CuPy launches (170 us with a boolean mask)
+HOST_S, HOST_MASK_S = 35e-6, 140e-6
+#: of the tensor-core peak, cuDNN's fused attention on an H100 (4 x 16 x 4096 x 128 float16: 0.57
+#: causal, 0.67 full; head dim 64 at 1024 causal: 0.17), scaled by E / 128 below 128
+SDPA_EFF = 0.6
+#: of the peak (tensor cores for 16-bit, the float32 FMA rate for float32), convolutions of ResNet-50
+#: on an H100 in place (NCHW), 16-bit scaled by C / 32 below 32 channels (the 3-channel stem ran at 0.02)
+CONV_EFF = {"half": 0.14, "float32": 0.5}
+TRANSPOSE_EFF = 0.25  # of the memory bandwidth: CuPy's copies to and from channels-last (the nhwc config)
 CONV_CONFIGS = ({"layout": "nhwc"}, {"layout": "nchw"})
 MEASURE_PLANS = 4  # convolution plans built and timed in prepare (cuDNN's first is often not its fastest)
 SOURCE = "cudnn graph API (nvidia-cudnn-frontend), opruntime_cupy/cudnn.py v1"
@@ -255,36 +269,27 @@ class Runner:
             cudnn.set_stream(h, stream)
             self.run(pack, ws.data.ptr, h)
 
-    def choose(self, ptrs: Sequence[int | None], repeats: int = 3) -> None:
+    def choose(self, ptrs: Sequence[int | None], repeats: int = 3) -> float:
         """Time each built plan on the operands at ``ptrs`` (scratch buffers of the problem's
-        layout) and keep the fastest: cuDNN's heuristic order is not its speed order (on the
-        H100 its first float16 plan for a 1x1 convolution of ResNet-50 took 2x the best)."""
-        if len(self.runs) < 2:
-            return
+        layout), keep the fastest and return its milliseconds: cuDNN's heuristic order is not its
+        speed order (on the H100 its first plans for some graphs took 2x its best)."""
         import cudnn
         import cupy
 
         pack, h = self.pack(ptrs), handle(self.dev)
-        stream = cupy.cuda.get_current_stream()
-        cudnn.set_stream(h, stream.ptr)
+        cudnn.set_stream(h, cupy.cuda.get_current_stream().ptr)
         ws = self.workspace.data.ptr
         times = []
         for run in self.runs:
             try:
-                run(pack, ws, h)  # warm-up (first-launch work)
-                start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record(stream)
-                for _ in range(repeats):
-                    run(pack, ws, h)
-                stop.record(stream)
-                stop.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(start, stop) / repeats)
+                times.append(_time_ms(lambda run=run: run(pack, ws, h), repeats))
             except Exception:  # noqa: BLE001 - a plan that fails to run is not chosen
                 times.append(math.inf)
         best = min(range(len(times)), key=times.__getitem__)
         if math.isinf(times[best]):
             raise KernelError(f"cuDNN: none of the plans {self.plans} ran")
         self.run, self.times = self.runs[best], times
+        return times[best]
 
 
 def usable(shape: Sequence[int], strides: Sequence[int] | None, isz: int) -> tuple[int, ...] | None:
@@ -327,6 +332,21 @@ def like(a: Any, strides: Sequence[int] | None) -> Any:
     return out.view(a.dtype)
 
 
+def _time_ms(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Milliseconds per call of ``fn`` on the current stream (after one warm-up call)."""
+    import cupy
+
+    fn()
+    stream = cupy.cuda.get_current_stream()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(stream)
+    for _ in range(repeats):
+        fn()
+    stop.record(stream)
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop) / repeats
+
+
 def _dtype(name: str) -> Any:
     return memory.bfloat16() if name == "bfloat16" else name
 
@@ -365,10 +385,11 @@ def cost_sdpa(problem: Problem, config: Mapping[str, Any]) -> float:
     f32, f16, bw = problem.device.provider.figures()
     flops = 2.0 * b * h * pairs * (e + ev)
     io = sum(math.prod(sh) for sh in problem.shapes[:3]) * 2 + b * h * L * ev * 2
-    t = max(flops / (f16 * SDPA_EFF), io / bw) + HOST_S
+    gpu, host = max(flops / (f16 * SDPA_EFF * min(1.0, max(e, ev) / 128)), io / bw), HOST_S
     if problem.attrs["mask"] is not None:  # the bias made or read, the rows' fix over mask and output
-        t += 3.0 * math.prod(problem.shapes[3]) * 2 / bw + 2.0 * b * h * L * ev * 2 / bw + 3 * 4e-6
-    return t
+        gpu += 3.0 * math.prod(problem.shapes[3]) * 2 / bw + 2.0 * b * h * L * ev * 2 / bw + 3 * 4e-6
+        host += HOST_MASK_S
+    return max(gpu, host)
 
 
 def prepare_sdpa(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
@@ -488,22 +509,31 @@ def _apply_codes() -> Any:
                                   "if (c == 1) o = 0; else if (c == 2) o = nan;", "opruntime_cudnn_row_codes")
 
 
-def _row_fix(problem: Problem, dtype: str) -> Callable[[Any, Any], None]:
-    """``fix(mask, out)``: each output row to the operator's answer where the mask decides it: zeros
-    when every key is masked (False / -inf), NaN when a NaN or +inf reaches it; other rows stay."""
+@cache
+def _codes(kind: str, dtype: str) -> Any:
+    """A reduction over the keys (the last axis) of a mask to one code per row: 0 the row stands,
+    1 every key is masked (False / -inf: zeros), 2 a NaN or +inf reaches it (NaN); one launch."""
     import cupy
 
-    neg, pos, nan = BITS[dtype]
-    kind = problem.attrs["mask"]
+    neg, pos, _ = BITS[dtype]
+    if kind == "bool":
+        args, see = "bool m", "(m ? 1 : 0)"
+    else:
+        args, see = "uint16 w", f"((w != {neg}) ? 1 : 0) | ((((w & 0x7FFF) > {pos}) || (w == {pos})) ? 2 : 0)"
+    return cupy.ReductionKernel(args, "uint8 c", see, "a | b", "c = (a & 2) ? 2 : ((a & 1) ? 0 : 1)", "0",
+                                f"opruntime_cudnn_row_codes_{kind}_{dtype}", reduce_type="int")
+
+
+def _row_fix(problem: Problem, dtype: str) -> Callable[[Any, Any], None]:
+    """``fix(mask, out)``: each output row to the operator's answer where the mask decides it: zeros
+    when every key is masked (False / -inf), NaN when a NaN or +inf reaches it; other rows stay.
+    Two launches: the rows' codes from the mask, then the output rows set from them in place."""
+    import cupy
+
+    kind, nan = problem.attrs["mask"], BITS[dtype][2]
 
     def fix(mask: Any, out: Any) -> None:
-        if kind == "bool":
-            codes = (~mask.any(axis=3)).astype(cupy.uint8)  # 1: dead row
-        else:
-            w = words(mask)
-            bad = ((w & 0x7FFF) > pos) | (w == pos)  # NaN or +inf
-            dead = (w == neg).all(axis=3)
-            codes = cupy.where(bad.any(axis=3), cupy.uint8(2), dead.astype(cupy.uint8))
+        codes = _codes(kind, dtype)(mask if kind == "bool" else words(mask), axis=3)
         _apply_codes()(codes[..., None], cupy.uint16(nan), words(out))
 
     return fix
@@ -535,11 +565,11 @@ def cost_conv(problem: Problem, config: Mapping[str, Any]) -> float:
     f32, f16, bw = problem.device.provider.figures()
     flops, io = _conv_sizes(problem)
     half = problem.dtype in HALVES
-    eff = CONV_EFF[("half" if half else "float32", config["layout"])]
-    t = max(flops / ((f16 if half else f32) * eff), io / bw) + HOST_S
+    eff = CONV_EFF["half"] * min(1.0, problem.shapes[1][1] / 32) if half else CONV_EFF["float32"]
+    gpu = max(flops / ((f16 if half else f32) * eff), io / bw)
     if config["layout"] == "nhwc":  # input, weight and result each read and written once more
-        t += 2.0 * io / bw + 3 * 4e-6
-    return t
+        gpu += 2.0 * io / (bw * TRANSPOSE_EFF) + 3 * 4e-6
+    return max(gpu, HOST_S)
 
 
 def conv_configs(problem: Problem) -> list[Mapping[str, Any]]:
@@ -593,31 +623,43 @@ def prepare_conv(problem: Problem, config: Mapping[str, Any]) -> Callable[..., A
         y.set_output(True).set_dim(list(out_shape)).set_stride(list(y_st)).set_data_type(io)
         return Runner(g, dev, (tx, tw, tb, y), build(g, dtype, MEASURE_PLANS))
 
-    errors, runner, fused = [], None, False
+    errors, built = [], []
     with cupy.cuda.Device(dev):
         for fused in ((True, False) if has_bias or act is not None else (False,)):
             try:
-                runner = make(fused)
-                break
+                built.append((make(fused), fused))
             except Exception as exc:  # noqa: BLE001 - cuDNN's refusals are many types; the next form, or raise
                 errors.append(f"{'fused' if fused else 'convolution alone'}: {type(exc).__name__}: {exc}")
-    if runner is None:
+    if not built:
         raise KernelError(f"cupy.conv2d.cudnn ({config['layout']}): cuDNN built no plan for {problem}: "
                           + " | ".join(errors))
-    tb = runner.tensors[2]
     label = "cupy.conv2d.cudnn"
     y_phys = (n, p, q, k) if nhwc else out_shape
-    with cupy.cuda.Device(dev):  # the fastest of the plans built, timed on scratch operands
+    passes = {}
+    if not built[-1][1] and (has_bias or act is not None):  # the convolution alone: the epilogue in one pass
+        from .linear import epilogue_pass
+
+        passes[False] = epilogue_pass(problem, out_shape, p * q, k, has_bias, act, label)
+    # the fastest form and plan: each built plan timed on scratch operands (the unfused form with its pass)
+    with cupy.cuda.Device(dev):
         scratch = [cupy.zeros(1 + sum((d - 1) * st for d, st in zip(shape, strides)), f"u{isz}")
                    for shape, strides in (((n, c, hh, ww), x_st), ((k, cg, r, s), w_st), ((k,), (1,)),
                                           (out_shape, y_st))]
-        runner.choose([buf.data.ptr if i != 2 or tb is not None else None for i, buf in enumerate(scratch)])
+        timed = []
+        for runner, fused in built:
+            ptrs = [buf.data.ptr for buf in scratch]
+            if runner.tensors[2] is None:
+                ptrs[2] = None
+            ms = runner.choose(ptrs)
+            if not fused and False in passes:
+                y0 = cupy.zeros(out_shape, f"u{isz}").view(np_dt)
+                b0 = cupy.zeros((k,), f"u{isz}").view(np_dt) if has_bias else None
+                ms += _time_ms(lambda y0=y0, b0=b0: passes[False](y0, b0))
+            timed.append((ms, fused, runner))
         del scratch
-    epilogue = None
-    if not fused and (has_bias or act is not None):
-        from .linear import epilogue_pass
-
-        epilogue = epilogue_pass(problem, out_shape, p * q, k, has_bias, act, label)
+    _, fused, runner = min(timed, key=lambda t: t[0])
+    tb = runner.tensors[2]
+    epilogue = passes.get(fused)
     getdev = cupy.cuda.runtime.getDevice
 
     def launch(x: Any, w: Any, b: Any = None) -> Any:
