@@ -28,6 +28,7 @@ NUMBA_KERNELS = [
     "numpy.softmax.numba", "numpy.log_softmax.numba", "numpy.layer_norm.numba", "numpy.rms_norm.numba",
     *(f"numpy.{op}.numba" for op in ("add", "sub", "mul", "div", "neg", "relu", "gelu", "silu", "sigmoid", "tanh")),
     "numpy.conv2d.numba_depthwise", "numpy.conv2d.numba_direct", "numpy.max_pool2d.numba", "numpy.avg_pool2d.numba",
+    "numpy.scaled_dot_product_attention.numba",
 ]
 
 
@@ -211,4 +212,33 @@ def test_pool_nan_and_inf(op):
     with pinned(f"numpy.{op}.numba"):
         out = getattr(opr, op)(x, kernel_size=3, stride=2, padding=1).numpy()
     ref = OPS[op].reference(x.astype(np.float64), kernel_size=3, stride=2, padding=1)
+    assert rel_err(out, ref) <= TOLERANCE["float32"]
+
+
+def test_attention_masked_rows_nan_mask_and_blocks():
+    """Over several query and key blocks: a row with every key masked gives zeros, a NaN in an
+    additive mask a NaN row, GQA heads and broadcast batches read in place; pinned."""
+    rng = np.random.default_rng()
+    q = rng.standard_normal((2, 4, 70, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 300, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 300, 8)).astype(np.float32)
+    keep = rng.standard_normal((2, 1, 70, 300)) > -0.5
+    keep[0, 0, 5] = False  # every key masked for row 5 of batch 0
+    name = "numpy.scaled_dot_product_attention.numba"
+    op = OPS["scaled_dot_product_attention"]
+    with pinned(name):
+        out = opr.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True).numpy()
+    ref = op.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), attn_mask=keep,
+                       enable_gqa=True)
+    assert np.array_equal(out[0, :, 5], np.zeros((4, 8), np.float32))
+    assert rel_err(out, ref) <= TOLERANCE["float32"]
+    bias = rng.standard_normal((70, 300)).astype(np.float32)
+    bias[9, 250] = np.nan
+    with pinned(name):
+        out = opr.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True).numpy()
+    assert np.isnan(out[:, :, 9]).all() and not np.isnan(np.delete(out, 9, axis=2)).any()
+    with pinned(name):
+        out = opr.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).numpy()
+    ref = op.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), is_causal=True,
+                       enable_gqa=True)
     assert rel_err(out, ref) <= TOLERANCE["float32"]
