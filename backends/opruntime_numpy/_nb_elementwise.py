@@ -172,3 +172,19 @@ def act_row(y, b, code):
     else:
         for j in range(n):
             y[j] = silu(y[j] + b)
+
+
+@njit(parallel=True, **OPTIONS)
+def bias_act_rows(y, bias, code):
+    """In place on the 2-D ``y`` (rows, n): ``y = act(code, y + bias)`` with ``bias`` (n,) per
+    column (size 0: none): a GEMM's epilogue, rows in parallel, each row in cache."""
+    rows, n = y.shape
+    has_bias = bias.shape[0] > 0
+    zero = y.dtype.type(0.0)
+    for r in prange(rows):
+        yr = y[r]
+        if has_bias:
+            for j in range(n):
+                yr[j] = yr[j] + bias[j]
+        if code != 0:
+            act_row(yr, zero, code)

@@ -1,6 +1,11 @@
 """linear on the CPU: BLAS GEMM ``x @ w.T`` written into the output, the bias added and the
 activation applied in place (``epilogue.activate``), per block of rows, so that the epilogue runs
-over a block while it is still in cache. float16 is computed in float32."""
+over a block while it is still in cache. float16 is computed in float32.
+
+With numba (:mod:`.jit`), ``numpy.linear.numba`` is the same GEMM (one call: BLAS spreads it over
+the cores) followed by one parallel pass of bias and activation with the vectorized exp / erfc
+of :mod:`._nb_math` (NumPy's activations call libm per element: gelu's erfc costs more than a
+1024-wide GEMM's share of the work)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
+from . import jit
 from .epilogue import activate
 from .matmul import CPU_BYTES, CPU_FLOPS
 from .memory import compute_dtype
@@ -39,13 +45,55 @@ def run(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, bias: np.nd
     return out.astype(problem.dtype, copy=False)
 
 
+def _epilogue_s(problem: Problem) -> float:
+    """NumPy's bias and activation passes: ufuncs, libm per element for the activations."""
+    from .elementwise import NUMPY_RATE
+
+    m, n = problem.out_shape
+    act = problem.attrs["activation"]
+    passes = (problem.attrs["bias"] + (act is not None)) * 2.0 * m * n * itemsize(problem.dtype) / CPU_BYTES
+    return passes + (0.0 if act is None else m * n / NUMPY_RATE.get(act, 1e9))
+
+
 def cost(problem: Problem, config: Any) -> float:
     m, k = problem.shapes[0]
     n = problem.shapes[1][0]
     nbytes = (m * k + n * k + m * n) * itemsize(problem.dtype)
-    epilogue = 0.0 if problem.attrs["activation"] is None else 8.0 * m * n  # erf / tanh / exp per element
-    return roofline(2.0 * m * n * k + epilogue, nbytes, CPU_FLOPS, CPU_BYTES, 2e-6)
+    return roofline(2.0 * m * n * k, nbytes, CPU_FLOPS, CPU_BYTES, 2e-6) + _epilogue_s(problem)
+
+
+def prepare_numba(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.linear.numba``: one GEMM into the output, then the epilogue."""
+    nb = jit.loops("_nb_elementwise")
+    code = nb.CODES[problem.attrs["activation"]]
+    dt = compute_dtype(problem.dtype)
+    m, n = problem.out_shape
+
+    @np.errstate(over="ignore", invalid="ignore")
+    def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        x, w = x.astype(dt, copy=False), w.astype(dt, copy=False)
+        out = np.matmul(x, w.T, out=np.empty((m, n), dt))
+        b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
+        if code or b.size:
+            jit.call(nb.bias_act_rows, out, b, code)
+        return out.astype(problem.dtype, copy=False)
+
+    return jit.first_use("numpy.linear.numba", launch)
+
+
+def numba_cost(problem: Problem, config: Any) -> float:
+    """The GEMM, and one vectorized parallel pass for the bias and activation (if any)."""
+    m, k = problem.shapes[0]
+    n = problem.shapes[1][0]
+    nbytes = (m * k + n * k + m * n) * itemsize(problem.dtype)
+    fused = problem.attrs["bias"] or problem.attrs["activation"] is not None
+    epilogue = 2.0 * m * n * itemsize(problem.dtype) / (CPU_BYTES * 1.5) + 6e-6 if fused else 0.0
+    return roofline(2.0 * m * n * k, nbytes, CPU_FLOPS, CPU_BYTES, 4e-6) + epilogue
 
 
 def kernels() -> list[Kernel]:
-    return [Kernel("linear", "numpy.linear.blas", "cpu", FLOATS, run, cost=cost, configs=CONFIGS)]
+    out = [Kernel("linear", "numpy.linear.blas", "cpu", FLOATS, run, cost=cost, configs=CONFIGS)]
+    if jit.available():
+        out.append(Kernel("linear", "numpy.linear.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost,
+                          source=jit.source("_nb_elementwise")))
+    return out
