@@ -133,7 +133,7 @@ void attention(__global const T* q, const long qoff, const long qsb, const long 
         qs[r * QSTR + e] = i < L ? qp[i * qsl + e * qse] : (T)0;
     }
 
-    VA acc[RM][NCV], lsum[RM];
+    VA acc[RM][NCV], lsum[RM], s[RM][NJV];  // function scope: these live across barriers
     ACC m[RM];
     for (int rm = 0; rm < RM; rm++) {
         m[rm] = NEG_INF;
@@ -160,7 +160,6 @@ void attention(__global const T* q, const long qoff, const long qsb, const long 
         barrier(CLK_LOCAL_MEM_FENCE);
 
         // 1. scores, in registers
-        VA s[RM][NJV];
         for (int rm = 0; rm < RM; rm++)
             for (int n = 0; n < NJV; n++) s[rm][n] = (VA)(0);
         for (int e = 0; e < E; e++) {
