@@ -150,6 +150,8 @@ class Kernel:
         vendor: True for vendor-library baselines (cuBLAS, XLA's own ops).
         source: the device source text or anything that identifies the implementation
             version; its hash invalidates tuning results when the kernel changes.
+        notes: ``notes(problem) -> str``: a note ``explain`` shows beside the candidate (e.g. a
+            compiled kernel's compile time), "" for none.
     """
 
     op: str
@@ -164,6 +166,7 @@ class Kernel:
     prepare: Callable[[Problem, Mapping[str, Any]], Callable[..., Any]] | None = None
     vendor: bool = False
     source: str = ""
+    notes: Callable[[Problem], str] | None = None
 
     def __post_init__(self) -> None:
         if self.run is None and self.prepare is None:

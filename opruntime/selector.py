@@ -381,6 +381,15 @@ class _Placing:
         return self.plan([to(d) if h else d for d, h in zip(datas, self.host)])
 
 
+def _notes(c: Candidate, problem: Problem) -> str:
+    """``; <the kernel's notes>`` for an explanation's row, or ""."""
+    try:
+        note = c.kernel.notes(problem) if c.kernel.notes else ""
+    except Exception as exc:  # a note must never break explain
+        note = f"notes() raised {type(exc).__name__}"
+    return f"; {note}" if note else ""
+
+
 @dataclass
 class Explanation:
     """What ``opr.explain`` returns: the problem, every candidate, the choice and why."""
@@ -403,7 +412,7 @@ class Explanation:
                 est = f"{c.cost * 1e6:9.1f}us" if math.isfinite(c.cost) else "          -"
                 meas = f"{c.measured * 1e6:9.1f}us" if c.measured is not None and math.isfinite(c.measured) else "          -"
                 mark = "*" if c.label == self.chosen else " "
-                lines.append(f"{mark} {c.label:<{w}}  {est:>11}  {meas:>11}  {c.status}")
+                lines.append(f"{mark} {c.label:<{w}}  {est:>11}  {meas:>11}  {c.status}{_notes(c, self.problem)}")
         return "\n".join(lines)
 
     __repr__ = __str__

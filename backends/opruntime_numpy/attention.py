@@ -147,5 +147,6 @@ def kernels() -> list[Kernel]:
                   attention, cost=cost)]
     if jit.available():
         out.append(Kernel("scaled_dot_product_attention", "numpy.scaled_dot_product_attention.numba", "cpu", FLOATS,
-                          prepare=prepare_numba, cost=numba_cost, source=jit.source("_nb_rows", "_nb_attention")))
+                          prepare=prepare_numba, cost=numba_cost, source=jit.source("_nb_rows", "_nb_attention"),
+                          notes=jit.notes("numpy.scaled_dot_product_attention.numba")))
     return out

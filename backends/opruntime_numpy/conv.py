@@ -297,7 +297,9 @@ def kernels() -> list[Kernel]:
     if jit.available():
         src = jit.source("_nb_elementwise", "_nb_conv")
         out += [Kernel("conv2d", "numpy.conv2d.numba_depthwise", "cpu", FLOATS, prepare=prepare_numba,
-                       supports=is_depthwise, cost=numba_depthwise_cost, source=src),
+                       supports=is_depthwise, cost=numba_depthwise_cost, source=src,
+                       notes=jit.notes("numpy.conv2d.numba_depthwise")),
                 Kernel("conv2d", "numpy.conv2d.numba_direct", "cpu", FLOATS, prepare=prepare_numba,
-                       supports=is_direct, cost=numba_direct_cost, source=src)]
+                       supports=is_direct, cost=numba_direct_cost, source=src,
+                       notes=jit.notes("numpy.conv2d.numba_direct"))]
     return out

@@ -111,6 +111,7 @@ def kernels() -> list[Kernel]:
            + [Kernel(op, f"numpy.{op}.ufunc", "cpu", FLOATS, unary, cost=cost) for op in UNARY_OPS])
     if jit.available():
         src = jit.source("_nb_elementwise")
-        out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src)
+        out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src,
+                          notes=jit.notes(f"numpy.{op}.numba"))
                 for op in (*BINARY_OPS, *UNARY_OPS)]
     return out

@@ -39,8 +39,8 @@ from typing import Any
 
 from opruntime.errors import KernelError
 
-#: kernel name -> seconds its first call spent compiling its loops (or loading them from the disk
-#: cache) in this process
+#: kernel name -> seconds its first call took in this process, compiling its loops (or loading them
+#: from the disk cache) included
 COMPILE_S: dict[str, float] = {}
 
 _HERE = Path(__file__).resolve().parent
@@ -177,6 +177,18 @@ def first_use(kernel: str, launch: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return timed
+
+
+def notes(kernel: str) -> Callable[[Any], str]:
+    """The ``notes`` of a numba kernel for ``explain``: its first call's time in this process."""
+
+    def note(problem: Any) -> str:
+        t = COMPILE_S.get(kernel)
+        if t is None:
+            return "numba: compiled (or loaded from the disk cache) on first use"
+        return f"numba: first call {t:.2f} s, compiling or loading its loops included"
+
+    return note
 
 
 def info() -> dict[str, str]:

@@ -95,5 +95,5 @@ def kernels() -> list[Kernel]:
     out = [Kernel("linear", "numpy.linear.blas", "cpu", FLOATS, run, cost=cost, configs=CONFIGS)]
     if jit.available():
         out.append(Kernel("linear", "numpy.linear.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost,
-                          source=jit.source("_nb_elementwise")))
+                          source=jit.source("_nb_elementwise"), notes=jit.notes("numpy.linear.numba")))
     return out

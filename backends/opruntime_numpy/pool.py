@@ -201,6 +201,7 @@ def kernels() -> list[Kernel]:
     ]
     if jit.available():
         src = jit.source("_nb_conv")
-        out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src)
+        out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src,
+                          notes=jit.notes(f"numpy.{op}.numba"))
                 for op in ("max_pool2d", "avg_pool2d")]
     return out

@@ -242,3 +242,11 @@ def test_attention_masked_rows_nan_mask_and_blocks():
     ref = op.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), is_causal=True,
                        enable_gqa=True)
     assert rel_err(out, ref) <= TOLERANCE["float32"]
+
+
+def test_explain_shows_the_first_use_time():
+    x = np.ones((3, 50), np.float32)
+    with pinned("numpy.softmax.numba"):
+        opr.softmax(x)
+        text = str(opr.explain("softmax", x))
+    assert "numpy.softmax.numba" in text and "numba: first call" in text and " s, compiling" in text
