@@ -110,8 +110,9 @@ def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate]
         except Exception as exc:
             ok = False
             log.warning("kernel %s: supports() raised %r", k.name, exc)
-        if not ok:
-            rows.append(Candidate(k, status="does not support this problem"))
+        if not ok:  # a false str (a backend's refusal with its reason) says why
+            why = str(ok) if isinstance(ok, str) and len(ok) else ""
+            rows.append(Candidate(k, status="does not support this problem" + (f": {why}" if why else "")))
             continue
         for cfg in list(k.candidates(problem)) or [{}]:
             try:

@@ -265,6 +265,10 @@ class CudaDevice(DeviceProvider):
             "cupy": self._cupy.__version__,
             "bfloat16": "yes (ml_dtypes)" if bfloat16() is not None else "no (CuPy cannot hold ml_dtypes.bfloat16)",
         }
+        from . import cudnn, linear  # (neither imports a GPU library at import)
+
+        out.update(cudnn.info())  # "cudnn": "9.19.0 (frontend 1.32.0)" or "unavailable: <why>"
+        out["cublaslt (nvmath)"] = linear.nvmath_missing() or "yes"
         return out
 
     # -- figures for the cost models --------------------------------------------------------
