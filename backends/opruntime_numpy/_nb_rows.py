@@ -52,9 +52,9 @@ def _row(x, out, log, block):
         if log:
             for j in range(n):
                 s = radd(s, fexp(x[j] - m))
-            c = m + x.dtype.type(math.log(s))
+            ls = x.dtype.type(math.log(s))
             for j in range(n):
-                out[j] = x[j] - c
+                out[j] = (x[j] - m) - ls  # not x - (m + ls): m may absorb ls (huge values)
         else:
             for j in range(n):
                 p = fexp(x[j] - m)
@@ -86,9 +86,9 @@ def _row(x, out, log, block):
             sb = radd(sb, fexp(xb[j] - big_m))
         big_s = big_s + sb
     if log:
-        c = big_m + x.dtype.type(math.log(big_s))
+        ls = x.dtype.type(math.log(big_s))
         for j in range(n):
-            out[j] = x[j] - c
+            out[j] = (x[j] - big_m) - ls
     else:
         inv = x.dtype.type(1.0) / big_s
         for j in range(n):
@@ -131,12 +131,12 @@ def softmax_cols(x, out, log, width):
                 for c in range(w):
                     s[c] += fexp(xi[c] - m[c])
             for c in range(w):
-                m[c] = m[c] + x.dtype.type(math.log(s[c]))
+                s[c] = x.dtype.type(math.log(s[c]))
             for i in range(n):
                 xi = xt[i]
                 oi = ot[i]
                 for c in range(w):
-                    oi[c] = xi[c] - m[c]
+                    oi[c] = (xi[c] - m[c]) - s[c]
         else:
             for i in range(n):
                 xi = xt[i]

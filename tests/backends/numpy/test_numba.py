@@ -250,3 +250,18 @@ def test_explain_shows_the_first_use_time():
         opr.softmax(x)
         text = str(opr.explain("softmax", x))
     assert "numpy.softmax.numba" in text and "numba: first call" in text and " s, compiling" in text
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("n", [5000, 70_000])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_softmax_rows_of_huge_values(op, n, axis):
+    """log(sum) is not absorbed by a huge max: (x - max) - log(sum), in every path."""
+    x = np.full((2, n), 3e38, np.float32)
+    x[1, ::7] = -3e38
+    x = x if axis == 1 else np.ascontiguousarray(x.T)
+    with pinned(f"numpy.{op}.numba"):
+        out = getattr(opr, op)(x, axis=axis).numpy()
+    with np.errstate(over="ignore"):
+        ref = OPS[op].reference(x.astype(np.float64), axis=axis).astype(np.float32).astype(np.float64)
+    assert rel_err(out, ref) <= TOLERANCE["float32"]
