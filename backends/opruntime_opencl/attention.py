@@ -4,7 +4,7 @@ online softmax, so memory stays O(L x E): no L x S score buffer is ever made.
 One work-group takes a tile of ``BM`` query rows of one (batch, head): the Q tile sits in local
 memory, the keys and values stream through local memory ``BN`` at a time, and each row keeps its
 running maximum, running sum and ``Ev`` accumulators in private memory (``RM`` rows and
-``Ev / TPR`` columns per work-item). Scores live in the log2 domain (``exp2``); float16 is
+``Ev / TPR`` columns per work-item, in ``VW``-wide vectors). Scores live in the log2 domain (``exp2``); float16 is
 computed in float32, float32 and float64 in their own precision. Causal key tiles past a query
 tile's last row are never visited, and query tiles run heaviest first.
 
@@ -19,10 +19,13 @@ the computation dtype, each broadcast along rows and columns through zero stride
 (boolean False, additive -inf, causal) take no part; a row with every key masked is zeros; a NaN
 in an additive mask makes its row NaN (the kernel's maximum propagates NaN), as the reference.
 
-Configs are tile shapes (``BM``, ``BN``, ``TPR``, ``RM``): a GPU menu (work-groups of 128-512,
-register-blocked) and a CPU menu (PoCL: wide work-groups that its implicit vectorisation maps to
-SIMD lanes along ``TPR``), each filtered by the device's work-group and local-memory limits and
-ranked by :func:`cost`.
+Configs are tile shapes (``BM`` query rows, ``BN`` keys, ``TPR`` work-items per row group, ``RM``
+rows per work-item, ``VW`` vector width): a GPU menu (64-256 work-items splitting the keys and
+columns, scalar lanes, measured on an H100) and a CPU menu (PoCL: one work-item per 8 rows with
+16-float vectors, so each work-item runs SIMD code), each filtered by the device's work-group and
+local-memory limits (and, on GPUs, an estimate of the registers) and ranked by :func:`cost`.
+float16 needs ``cl_khr_fp16`` (neither PoCL nor NVIDIA's platform has it: that path passes
+clang's OpenCL front end but has never run).
 """
 
 from __future__ import annotations
