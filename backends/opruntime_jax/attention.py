@@ -277,8 +277,12 @@ def blocked_steps(problem: Problem, config: Mapping[str, Any]) -> int:
 
 
 def blocked_cost(problem: Problem, config: Mapping[str, Any]) -> float:
+    """The estimate of the heuristic's (first) config, whatever ``config``: this model (fewer,
+    larger steps are cheaper) cannot see the cache effects that made 256-key blocks of 2^20 scores
+    the fastest measured; the other configs are for the autotuner to time."""
     B, H, L, S, E, Ev, _ = _sizes(problem)
     eff, per_step = BLOCKED_EFF.get(platform(problem), (0.25, 1e-5))
+    config = blocked_configs(problem)[0]
     bq, bk = blocked_blocks(problem, config)
     steps = blocked_steps(problem, config)
     flops = 2.0 * steps * bq * bk * B * H * (E + Ev)
