@@ -6,12 +6,9 @@ linear layer with a tanh-approximated GELU fused into it (``activation="gelu_tan
 layer back. ``Block`` is the same structure in ``torch.nn`` (nanoGPT's names: ``ln_1``,
 ``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``); :class:`OprBlock`
 takes its weights (``.detach().numpy()``, uploaded once) and computes the same function with
-``opr.layer_norm``, ``opr.linear``, ``opr.matmul``, ``opr.add``, ``opr.mul``, ``opr.softmax`` and
-Tensor views (``reshape``, ``permute``, ``transpose``, indexing) for the heads.
-
-Attention is :func:`attention`: ``softmax(q kᵀ / √d_head + mask) v`` with an additive causal mask
-(``-inf`` above the diagonal), kept in one function so that it can become one call of a fused
-attention operator when opruntime has one.
+``opr.layer_norm``, ``opr.linear``, ``opr.scaled_dot_product_attention``, ``opr.add`` and Tensor
+views (``reshape``, ``permute``, indexing) for the heads: nine operator calls, the attention one
+fused kernel (no S x S score buffer).
 
 ``main()`` runs the block on every device present (or those named by ``--device``) in float32,
 and in float16 on accelerators, and compares with PyTorch float32 on the CPU on the same input:
@@ -32,7 +29,7 @@ import math
 import statistics
 import sys
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -100,33 +97,6 @@ class Block(nn.Module):
 
 
 # -- the same block through opruntime -------------------------------------------------------------
-def attention(q: opr.Tensor, k: opr.Tensor, v: opr.Tensor) -> opr.Tensor:
-    """Causal scaled dot-product attention of (B, H, S, d_head) Tensors: ``softmax(q kᵀ/√d + mask) v``.
-
-    The scale is applied to q (S·d values, not S·S scores); the mask adds ``-inf`` above the
-    diagonal, so each position attends to itself and the positions before it. One function so
-    that it can be replaced by a fused attention operator in one place.
-    """
-    s, d_head = q.shape[-2], q.shape[-1]
-    scores = opr.matmul(opr.mul(q, 1.0 / math.sqrt(d_head)), k.transpose(-2, -1))  # (B, H, S, S)
-    scores = opr.add(scores, causal_mask(s, q.dtype, q.device))
-    return opr.matmul(opr.softmax(scores, axis=-1), v)
-
-
-_MASKS: dict[tuple[int, str, str], opr.Tensor] = {}
-
-
-def causal_mask(s: int, dtype: Any, device: opr.Device) -> opr.Tensor:
-    """The (S, S) additive causal mask on ``device``: 0 on and below the diagonal, ``-inf`` above
-    (made once per size, dtype and device)."""
-    key = (s, np.dtype(dtype).name, device.name)
-    mask = _MASKS.get(key)
-    if mask is None:
-        host = np.triu(np.full((s, s), -np.inf, np.float32), k=1)
-        mask = _MASKS[key] = opr.tensor(host, device=device, dtype=dtype)
-    return mask
-
-
 class OprBlock:
     """:class:`Block`'s forward pass with opruntime calls, its weights uploaded once to ``device``
     in ``dtype``."""
@@ -158,7 +128,7 @@ class OprBlock:
         b, s, d = h.shape
         qkv = opr.linear(h, *self.c_attn).reshape(b, s, 3, self.heads, d // self.heads)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, S, d_head)
-        y = attention(qkv[0], qkv[1], qkv[2])  # (B, H, S, d_head)
+        y = opr.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)  # (B, H, S, d_head): fused
         return opr.linear(y.permute(0, 2, 1, 3).reshape(b, s, d), *self.attn_proj)
 
 
