@@ -105,52 +105,50 @@ def softmax_rows(x, out, log, block):
 @njit(parallel=True, **OPTIONS)
 def softmax_cols(x, out, log, width):
     """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``: per outer index and
-    block of ``width`` columns (the tile stays in cache), a max pass, an exp pass writing ``out``
-    and summing per column, and a scale pass, each vectorized across the columns."""
+    block of ``width`` columns, one online pass down the rows (running max and rescaled sum per
+    column, vectorized across the columns: each row of the block is one contiguous run) and one
+    output pass. A column of -inf keeps a zero sum (and gives NaN, as the reference), +inf and NaN
+    give NaN sums."""
     outer, n, inner = x.shape
     blocks = (inner + width - 1) // width
+    ninf = x.dtype.type(-np.inf)
+    zero = x.dtype.type(0.0)
+    one = x.dtype.type(1.0)
     for t in prange(outer * blocks):
         o = t // blocks
         c0 = (t % blocks) * width
         c1 = min(inner, c0 + width)
         w = c1 - c0
-        m = np.empty(w, x.dtype)
+        m = np.full(w, ninf, x.dtype)
         s = np.zeros(w, x.dtype)
-        xt = x[o, :, c0:c1]  # slices: the loops over columns start at 0 and vectorize
-        ot = out[o, :, c0:c1]
-        x0 = xt[0]
-        for c in range(w):
-            m[c] = x0[c]
         for i in range(n):
-            xi = xt[i]
+            xi = x[o, i, c0:c1]  # a 1-D slice of a row: contiguous, vectorized
             for c in range(w):
-                m[c] = maxnum(m[c], xi[c])
+                v = xi[c]
+                mo = m[c]
+                mn = maxnum(mo, v)
+                alpha = fexp(mo - mn)  # both computed, then selected: the loop stays branch-free
+                p = fexp(v - mn)
+                alpha = one if mo == mn else alpha
+                p = zero if v == ninf else p
+                s[c] = s[c] * alpha + p
+                m[c] = mn
         if log:
-            for i in range(n):
-                xi = xt[i]
-                for c in range(w):
-                    s[c] += fexp(xi[c] - m[c])
             for c in range(w):
                 s[c] = x.dtype.type(math.log(s[c]))
             for i in range(n):
-                xi = xt[i]
-                oi = ot[i]
+                xi = x[o, i, c0:c1]  # a 1-D slice of a row: contiguous, vectorized
+                oi = out[o, i, c0:c1]
                 for c in range(w):
                     oi[c] = (xi[c] - m[c]) - s[c]
         else:
-            for i in range(n):
-                xi = xt[i]
-                oi = ot[i]
-                for c in range(w):
-                    p = fexp(xi[c] - m[c])
-                    oi[c] = p
-                    s[c] += p
             for c in range(w):
-                s[c] = x.dtype.type(1.0) / s[c]
+                s[c] = one / s[c]
             for i in range(n):
-                oi = ot[i]
+                xi = x[o, i, c0:c1]  # a 1-D slice of a row: contiguous, vectorized
+                oi = out[o, i, c0:c1]
                 for c in range(w):
-                    oi[c] = oi[c] * s[c]
+                    oi[c] = fexp(xi[c] - m[c]) * s[c]
 
 
 # -- layer_norm / rms_norm ------------------------------------------------------------------------------

@@ -7,8 +7,9 @@
   rows run in parallel and each row is processed while it is in cache (max, exp into the output
   and sum, scale; log_softmax: max, sum of exps, ``x - max - log(sum)``), with a vectorized exp
   (:mod:`._nb_math`); rows longer than :data:`ROW_BLOCK` take an online pass over blocks (running
-  max, rescaled sum) and an output pass. Along a strided axis, blocks of columns whose tile stays
-  in cache run in parallel, vectorized across the columns. float16 is computed in float32.
+  max, rescaled sum) and an output pass. Along a strided axis, blocks of :data:`COL_BLOCK`
+  columns run in parallel, each an online pass down the rows and an output pass, vectorized
+  across the columns (each row of a block one contiguous run). float16 is computed in float32.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
 #: elements of a row processed in cache with three passes; longer rows go online over blocks of it
 ROW_BLOCK = 16384
-#: bytes of a (reduced length x column block) tile of the strided-axis path: it stays in L2
-COL_TILE = 256 << 10
+#: columns per parallel task of the strided-axis path (one contiguous run of a row each)
+COL_BLOCK = 256
 
 # -inf rows give inf - inf = NaN, as the reference does. errstate as a decorator is the cheapest
 # thread-safe way to keep NumPy quiet about it (half the cost of a `with` block per call).
@@ -69,7 +70,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     outer, n, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     log = problem.op == "log_softmax"
     f16 = problem.dtype == "float16"
-    width = max(16, min(inner, (COL_TILE // (n * 4)) // 16 * 16))
+    width = min(inner, COL_BLOCK)
 
     @_quiet
     def launch(x: np.ndarray) -> np.ndarray:
