@@ -94,15 +94,17 @@ def unary(x, out, code):
 
 @njit(parallel=True, **OPTIONS)
 def binary(a, b, out, code):
-    """``out = a <op> b`` over 2-D arrays of one shape (a broadcast operand has stride 0)."""
+    """``out = a <op> b`` over 2-D arrays: ``out`` (rows, cols); ``a`` and ``b`` (rows, cols) or
+    (1, cols) (a row repeated: a bias), or of ``out``'s shape with stride 0 where they broadcast."""
     rows, cols = out.shape
+    ra, rb = a.shape[0], b.shape[0]
     blocks = (cols + CHUNK - 1) // CHUNK
     for t in prange(rows * blocks):
         r = t // blocks
         c0 = (t % blocks) * CHUNK
         c1 = min(cols, c0 + CHUNK)
-        ar = a[r, c0:c1]
-        br = b[r, c0:c1]
+        ar = a[r if ra > 1 else 0, c0:c1]
+        br = b[r if rb > 1 else 0, c0:c1]
         yr = out[r, c0:c1]
         if code == 0:
             for j in range(c1 - c0):

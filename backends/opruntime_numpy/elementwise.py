@@ -52,6 +52,23 @@ def as_2d(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[-1]) if x.ndim > 1 else x.reshape(1, -1)
 
 
+def _row_split(problem: Problem) -> tuple[int, int] | None:
+    """(rows, cols) when one operand is the output's trailing dims repeated over its leading ones
+    (a bias row) and the other has the output's shape: the kernel then reads the row (a
+    contiguous (1, cols) array) for every output row; None otherwise."""
+    shape = problem.out_shape
+    small = [s for s in problem.shapes if s != shape]
+    if len(small) != 1 or not small[0] or math.prod(small[0]) == 0:
+        return None
+    trail = tuple(small[0])
+    while trail and trail[0] == 1:
+        trail = trail[1:]
+    if not trail or len(trail) > len(shape) or shape[len(shape) - len(trail):] != trail:
+        return None
+    cols = math.prod(trail)
+    return math.prod(shape) // cols, cols
+
+
 def prepare_numba(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.<op>.numba`` (unary or binary)."""
     nb = jit.loops("_nb_elementwise")
@@ -60,12 +77,19 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     if problem.op in UFUNCS:
         code = nb.BINARY[problem.op]
 
+        split = _row_split(problem)
+
         @_quiet
         def launch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             if f16:
                 a, b = a.astype(np.float32), b.astype(np.float32)
-            a2, b2 = (as_2d(v if v.shape == shape else np.broadcast_to(v, shape)) for v in (a, b))
-            out = np.empty(a2.shape, a2.dtype)
+            if split is None:
+                a2, b2 = (as_2d(v if v.shape == shape else np.broadcast_to(v, shape)) for v in (a, b))
+                out = np.empty(a2.shape, a2.dtype)
+            else:  # (rows, cols), an operand that repeats by rows as one (1, cols) row
+                rows, cols = split
+                a2, b2 = (v.reshape(-1, cols) for v in (a, b))
+                out = np.empty((rows, cols), a2.dtype)
             jit.call(nb.binary, a2, b2, out, code)
             out = out.reshape(shape)
             return out.astype(np.float16) if f16 else out

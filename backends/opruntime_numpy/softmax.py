@@ -24,8 +24,9 @@ from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 from . import jit
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
-#: elements of a row processed in cache with three passes; longer rows go online over blocks of it
-ROW_BLOCK = 16384
+#: elements of a row processed in cache (L2) with three passes; longer rows go online over blocks of
+#: it (two exps an element instead of one)
+ROW_BLOCK = 1 << 16
 #: columns per parallel task of the strided-axis path (one contiguous run of a row each)
 COL_BLOCK = 256
 
