@@ -355,8 +355,8 @@ def parse_case(op: str, spec: str, dtype: str, attrs: Sequence[str]) -> Case:
     parsed: dict[str, Any] = {}
     for a in attrs:
         k, _, v = a.partition("=")
-        try:
-            val: Any = json.loads(v)
+        try:  # JSON, and Python's spellings of its constants (is_causal=True, scale=None)
+            val: Any = json.loads({"True": "true", "False": "false", "None": "null"}.get(v, v))
         except json.JSONDecodeError:
             val = v
         parsed[k] = tuple(val) if isinstance(val, list) else val

@@ -250,6 +250,7 @@ def _onnx_peer(built: Any, case: ModelCase, at: peer_libraries.Where) -> Timed |
                           opset_version=peer_libraries.ONNX_OPSET, input_names=["x"], output_names=["y"])
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = os.cpu_count() or 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads yield the cores
     session = onnxruntime.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
     feeds = {"x": built.x}
     session.run(None, feeds)

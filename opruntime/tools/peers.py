@@ -215,6 +215,7 @@ def _onnx(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: 
     onnx.checker.check_model(model)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = os.cpu_count() or 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads yield the cores
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feeds = dict(zip(names, xs))
     session.run(None, feeds)
