@@ -66,10 +66,20 @@ def epilogue_defines(problem: Problem) -> dict[str, int]:
     return out
 
 
+#: seconds per output element an activation adds to the own GEMMs' epilogue, measured on an H100
+#: (fp16, bias + gelu_tanh at 8192 x 3072 x 768: wgmma 268 us against 100 us without the activation;
+#: bias + gelu at 4096^3: about 3.6e-12): the epilogue runs from the accumulator registers, in the
+#: MMA fragments' order, so it costs far more than its arithmetic. A GEMM with a short K then loses
+#: to cuBLAS plus one bias + activation pass, and the cost model must say so.
+EPILOGUE_S_PER_ELEMENT = 5e-12
+#: cuBLASLt through nvmath against cuBLAS through CuPy, same problem, measured on an H100: fp16
+#: 8192 x 3072 x 768 + bias, 350.7 us against 103.5 us (nvmath's plan, not its host cost)
+CUBLASLT_SLOWDOWN = 3.4
+
+
 def _epilogue_seconds(problem: Problem) -> float:
-    """The activation's arithmetic in the GEMM's epilogue: small beside the GEMM, but it ranks a
-    fused epilogue above a plain GEMM plus a pass only by what the pass moves."""
-    return 0.0 if problem.attrs["activation"] is None else 20.0 * math.prod(problem.out_shape) / 60e12
+    """What the activation adds to an own GEMM's epilogue (:data:`EPILOGUE_S_PER_ELEMENT`)."""
+    return 0.0 if problem.attrs["activation"] is None else EPILOGUE_S_PER_ELEMENT * math.prod(problem.out_shape)
 
 
 # -- the own GEMMs with their epilogue ----------------------------------------------------------
@@ -262,7 +272,7 @@ def prepare_cublaslt(problem: Problem, config: Mapping[str, Any]) -> Callable[..
 
 
 def cost_cublaslt(problem: Problem, config: Mapping[str, Any]) -> float:
-    return max(mm.cost_cublas(as_matmul(problem), config), HOST_NVMATH) + _epilogue_seconds(problem)
+    return max(CUBLASLT_SLOWDOWN * mm.cost_cublas(as_matmul(problem), config), HOST_NVMATH)
 
 
 # -- the table ----------------------------------------------------------------------------------
