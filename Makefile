@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # tests/system/test_models.py and `opruntime bench --suite models`).
 EXTRAS ?= test,lint,cpu,opencl,jax,docs,plot,models
 
-.PHONY: demo test test-gpu compile-cu opencl-icd docs lint clean
+.PHONY: demo test test-slow test-gpu compile-cu opencl-icd docs lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,13 @@ build/plugin_template: $(VENV)/.installed examples/plugin_template/pyproject.tom
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
+# CI: everything but the GPU tests and the slow ones (S = 32768 attention on PoCL and JAX, numba's
+# cross-process cache), which `make test-slow` runs (about 4 minutes more on 2 cores).
 test: $(VENV)/.installed opencl-icd lint compile-cu build/plugin_template docs
-	$(BIN)/python -m pytest -q -m "not gpu" -p no:cacheprovider
+	$(BIN)/python -m pytest -q -m "not gpu and not slow" -p no:cacheprovider
+
+test-slow: $(VENV)/.installed opencl-icd
+	$(BIN)/python -m pytest -q -m "slow and not gpu" -p no:cacheprovider
 
 # On the GPU machine: scripts/gpu.sh sets it up offline and runs the GPU tests and benchmarks.
 test-gpu:

@@ -58,7 +58,8 @@ class Problem:
         shapes: each operand's shape, after the frontend's normalisation (see each op's module:
             matmul operands are at least 2-D; conv2d input is 4-D; a missing bias is absent).
         dtypes: each operand's dtype name; the frontend has already cast operands to the
-            computation dtype, so they are all equal.
+            computation dtype, so they are all equal, except a boolean mask operand (an operator's
+            ``masks``: attention's ``attn_mask``), which stays ``"bool"``.
         strides: each operand's strides in elements, or ``None`` where the array type has none.
         attrs: the normalised attributes (conv2d: ``stride``, ``padding`` as 4 ints top, bottom,
             left, right, ``dilation``, ``groups``, ``bias``; softmax: ``axis`` as a

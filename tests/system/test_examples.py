@@ -210,9 +210,13 @@ def test_cli_tune_and_cache(tmp_path: Path) -> None:
     env = _env(OPRUNTIME_CACHE_DIR=str(tmp_path / "c"), OPRUNTIME_PLUGINS="numpy")
     out = _cli("tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu", env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    # the pointwise kernel and the im2col kernel's column-buffer configs
-    n_configs = 1 + len(registry().kernels["numpy.conv2d.im2col"].configs)
-    assert f"tuned now: fastest of {n_configs} timed" in out.stdout and "numpy.conv2d." in out.stdout
+    # the pointwise kernel, the im2col kernel's column-buffer configs and numba's direct kernel (where
+    # numba is installed), as many as the 2 s budget allows: a numba kernel's first compile counts in it
+    import re
+
+    n_all = 2 + len(registry().kernels["numpy.conv2d.im2col"].configs)
+    timed = re.search(r"tuned now: fastest of (\d+) timed", out.stdout)
+    assert timed and 2 <= int(timed.group(1)) <= n_all and "numpy.conv2d." in out.stdout, out.stdout
     listed = _cli("cache", "list", env=env, cwd=tmp_path)
     assert "numpy.conv2d." in listed.stdout and "(1 entries in" in listed.stdout
     assert _cli("cache", "export", str(tmp_path / "e.json"), env=env, cwd=tmp_path).returncode == 0
