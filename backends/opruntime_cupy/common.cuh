@@ -55,13 +55,15 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-// -- warp reductions ---------------------------------------------------------------------------
-__device__ __forceinline__ float warp_max(float v) {
+// -- warp reductions (X: float or double) -------------------------------------------------------
+template <typename X>
+__device__ __forceinline__ X warp_max(X v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-__device__ __forceinline__ float warp_sum(float v) {
+template <typename X>
+__device__ __forceinline__ X warp_sum(X v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
