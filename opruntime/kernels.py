@@ -245,8 +245,10 @@ def families(package: str) -> list[Any]:
 
 
 
-def _strided_run(dims: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
-    """(size, stride) of dims that form one strided run (outermost first), or None."""
+def strided_run(dims: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
+    """(size, stride) of (size, stride) dims (outermost first) merged into one strided run, size-1
+    dims ignored; ``(1, 0)`` for none, and None when they do not form one run."""
+    dims = [(n, s) for n, s in dims if n != 1]
     if not dims:
         return 1, 0
     size, stride = dims[-1]
@@ -264,13 +266,13 @@ def reduction_layout(shape: Sequence[int], strides: Sequence[int], axes: Sequenc
     axes apart, or dims that do not merge). Reduced dims merge in any order, kept dims in theirs."""
     red = sorted(((n, s) for i, (n, s) in enumerate(zip(shape, strides)) if i in axes and n != 1),
                  key=lambda d: -abs(d[1]))
-    n_run = _strided_run(red)
+    n_run = strided_run(red)
     live = [i for i in axes if shape[i] != 1]
     first, last = (min(live), max(live)) if live else (len(shape), len(shape) - 1)
     if n_run is None or any(i not in axes and shape[i] != 1 for i in range(first, last + 1)):
         return None
-    outer = _strided_run([(shape[i], strides[i]) for i in range(first) if shape[i] != 1])
-    inner = _strided_run([(shape[i], strides[i]) for i in range(last + 1, len(shape)) if shape[i] != 1])
+    outer = strided_run([(shape[i], strides[i]) for i in range(first)])
+    inner = strided_run([(shape[i], strides[i]) for i in range(last + 1, len(shape))])
     if outer is None or inner is None:
         return None
     return outer[0], n_run[0], inner[0], outer[1], n_run[1], inner[1]

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from opruntime.kernels import Kernel, Problem, c_strides, itemsize
+from opruntime.kernels import Kernel, Problem, c_strides, itemsize, strided_run
 
 from . import compile as cc
 from .memory import empty
@@ -79,19 +79,6 @@ def kernels() -> list[Kernel]:
 
 
 # -- layout ------------------------------------------------------------------------------------------
-def _collapse(dims: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
-    """Merge (size, stride) dims into one, or None when they do not form one strided run."""
-    dims = [(n, s) for n, s in dims if n != 1]
-    if not dims:
-        return 1, 0
-    size, stride = dims[-1]
-    for n, s in reversed(dims[:-1]):
-        if s != stride * size:
-            return None
-        size *= n
-    return size, stride
-
-
 def geometry(problem: Problem) -> tuple[int, int, int, bool]:
     """(rows, cols, row stride, copy): ``copy`` when x must be made contiguous first."""
     shape = problem.shapes[0]
@@ -99,8 +86,8 @@ def geometry(problem: Problem) -> tuple[int, int, int, bool]:
     k = problem.attrs["dims"]
     lead, inner = len(shape) - k, None
     cols, rows = math.prod(shape[lead:]), math.prod(shape[:lead])
-    inner = _collapse(list(zip(shape[lead:], strides[lead:])))
-    outer = _collapse(list(zip(shape[:lead], strides[:lead])))
+    inner = strided_run(list(zip(shape[lead:], strides[lead:])))
+    outer = strided_run(list(zip(shape[:lead], strides[:lead])))
     if inner is None or outer is None or (inner[0] > 1 and inner[1] != 1):
         return rows, cols, cols, True
     return rows, cols, (outer[1] if rows > 1 else cols), False

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from opruntime.kernels import Kernel, Problem, c_strides, itemsize
+from opruntime.kernels import Kernel, Problem, c_strides, itemsize, strided_run
 
 from . import compile as cc
 from .memory import empty
@@ -72,28 +72,13 @@ ONLINE_CONFIGS = tuple({"threads": t} for t in (512, 1024, 256))
 STRIDED_CONFIGS = ({"threads": 256}, {"threads": 512}, {"threads": 128})
 
 # -- layout: (outer, n, inner) with element strides ------------------------------------------------
-
-
-def _collapse(dims: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
-    """Merge (size, stride) dims into one, or None when they do not form one strided run."""
-    dims = [(n, s) for n, s in dims if n != 1]
-    if not dims:
-        return 1, 0
-    size, stride = dims[-1]
-    for n, s in reversed(dims[:-1]):
-        if s != stride * size:
-            return None
-        size *= n
-    return size, stride
-
-
 def layout(problem: Problem) -> tuple[int, int, int, int, int, int] | None:
     """(outer, n, inner, so, sn, si) of the input, or None when outer or inner dims don't collapse."""
     shape = problem.shapes[0]
     strides = problem.strides[0] or c_strides(shape)
     ax = problem.attrs["axis"]
-    outer = _collapse(list(zip(shape[:ax], strides[:ax])))
-    inner = _collapse(list(zip(shape[ax + 1:], strides[ax + 1:])))
+    outer = strided_run(list(zip(shape[:ax], strides[:ax])))
+    inner = strided_run(list(zip(shape[ax + 1:], strides[ax + 1:])))
     if outer is None or inner is None:
         return None
     n, sn = shape[ax], (strides[ax] if shape[ax] > 1 else 1)

@@ -285,13 +285,10 @@ class OpenCLDevice(DeviceProvider):
         device."""
         size = dst.dtype.itemsize
         shape, dstr, sstr = _collapse_pair(dst.shape, [s // size for s in dst.strides], [s // size for s in src.strides])
-        if len(shape) > MAX_COPY_RANK:  # pragma: no cover - 7-D views that do not collapse
-            src = self.contiguous(src)
-            shape, dstr, sstr = _collapse_pair(dst.shape, [s // size for s in dst.strides],
-                                               [s // size for s in src.strides])
-        if len(shape) > MAX_COPY_RANK:  # pragma: no cover
-            raise NotImplementedError(f"{self.name}: a copy into a {dst.ndim}-D view whose dims do not collapse to "
-                                      f"{MAX_COPY_RANK}")
+        if len(shape) > MAX_COPY_RANK:  # more dims than the kernel takes, after merging: one copy per leading index
+            for i in range(dst.shape[0]):
+                self.copy_into(dst[i], src[i])
+            return
         pad = MAX_COPY_RANK - len(shape)
         n = math.prod(shape)
         self._copy_into(size).sized((n,), dst.base_data, dst.offset // size, src.base_data, src.offset // size, n,

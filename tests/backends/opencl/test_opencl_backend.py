@@ -528,3 +528,15 @@ def test_every_kernel_is_prepared():
     """Every kernel gives ``prepare`` (the runtime's one launch cache keeps what it returns) and
     is named ``opencl.<op>.<variant>``."""
     assert KERNELS and all(k.prepare is not None and k.name.startswith(f"opencl.{k.op}.") for k in KERNELS)
+
+
+def test_copy_into_a_view_of_more_dims_than_the_copy_kernel_takes(ocl):
+    """A 9-D view sliced in every dim (nothing merges) is copied one leading index at a time."""
+    prov = ocl.provider
+    every_other = (slice(None, None, 2),) * 9
+    host = np.random.default_rng().standard_normal((4,) * 9).astype(np.float32)
+    big = prov.from_host(np.zeros((4,) * 9, np.float32))
+    prov.copy_into(big[every_other], prov.from_host(np.ascontiguousarray(host[every_other])))
+    want = np.zeros((4,) * 9, np.float32)
+    want[every_other] = host[every_other]
+    np.testing.assert_array_equal(prov.to_host(big), want)
