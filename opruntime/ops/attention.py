@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttributeValueError, ShapeError, UnknownAttributeError
-from ..kernels import Attrs, Problem, c_strides, itemsize
+from ..kernels import Attrs, Problem, itemsize
 from ..tensor import Tensor
-from .base import Case, Normalized, Operator, result_dtype
+from .base import Case, Normalized, Operator
 
 MASK = 3  # the mask's operand index
 
@@ -224,29 +224,11 @@ class Attention(Operator):
         return Normalized(tuple(shapes_n), attrs_n, out, result, trivial)
 
     # -- dtypes: q, k and v decide; a boolean mask stays boolean -------------------------------
-    def problem(self, datas: list[Any], dev: Any, attrs: dict[str, Any]) -> Any:
-        has_mask = len(datas) > MASK
-        is_bool = has_mask and np.dtype(datas[MASK].dtype) == np.bool_
-        dtype = result_dtype(self.name, [d.dtype for d in datas[:MASK]])
-        if has_mask and not is_bool:
-            result_dtype(self.name, [datas[MASK].dtype])  # an integer mask: the dtype error
-        shapes = [tuple(d.shape) for d in datas]
-        norm = self.normalize(shapes, {**attrs, "_mask": ("bool" if is_bool else "float") if has_mask else None})
-        casts = tuple(np.dtype(d.dtype).name != dtype and not (i == MASK and is_bool) for i, d in enumerate(datas))
-        strides = []
-        for d, shape, cast in zip(datas, norm.shapes, casts):
-            st = getattr(d, "strides", None)
-            if st is None:
-                strides.append(None)
-            elif cast:
-                strides.append(c_strides(shape))
-            else:
-                if tuple(d.shape) != shape:
-                    st = d.reshape(shape).strides
-                strides.append(tuple(x // d.dtype.itemsize for x in st))
-        dtypes = (dtype,) * min(len(datas), MASK) + (("bool" if is_bool else dtype),) * has_mask
-        problem = Problem(self.name, dev, norm.shapes, dtypes, tuple(strides), norm.attrs, norm.out_shape, dtype)
-        return problem, norm, casts
+    def normalize_for(self, shapes: Sequence[tuple[int, ...]], dtypes: tuple[str, ...],
+                      attrs: dict[str, Any]) -> Normalized:
+        """The kernels see the mask's kind (``attrs["mask"]``): boolean or additive."""
+        kind = ("bool" if dtypes[MASK] == "bool" else "float") if len(dtypes) > MASK else None
+        return self.normalize(shapes, {**attrs, "_mask": kind})
 
     def problem_for(self, device: Any, shapes: Sequence[Sequence[int]], dtype: str, **attrs: Any) -> Problem:
         """As :meth:`Operator.problem_for`; ``_mask="bool"`` makes a fourth operand a boolean mask."""

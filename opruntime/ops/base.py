@@ -349,9 +349,17 @@ class Operator(abc.ABC):
     def problem(self, datas: list[Any], dev: Device, attrs: dict[str, Any]) -> tuple[Problem, Normalized, tuple[bool, ...]]:
         """Validate a call and build its Problem (with the normalisation and the casts it needs)."""
         shapes = [tuple(d.shape) for d in datas]
-        dtype = result_dtype(self.name, [d.dtype for d in datas])
-        norm = self.normalize(shapes, dict(attrs))
-        casts = tuple(np.dtype(d.dtype).name != dtype for d in datas)
+        # a mask operand (``masks``) takes no part in the promotion: a boolean one stays boolean, a
+        # float one is cast to the computation dtype, any other dtype is the dtype error
+        masked = [i < len(self.operands) and self.operands[i] in self.masks for i in range(len(datas))]
+        dtype = result_dtype(self.name, [d.dtype for d, m in zip(datas, masked) if not m])
+        kept = [m and np.dtype(d.dtype) == np.bool_ for d, m in zip(datas, masked)]
+        for d, m, k in zip(datas, masked, kept):
+            if m and not k:
+                result_dtype(self.name, [d.dtype])
+        dtypes = tuple("bool" if k else dtype for k in kept)
+        norm = self.normalize_for(shapes, dtypes, dict(attrs))
+        casts = tuple(not k and np.dtype(d.dtype).name != dtype for d, k in zip(datas, kept))
         strides = []
         for d, shape, cast in zip(datas, norm.shapes, casts):
             st = getattr(d, "strides", None)
@@ -363,9 +371,14 @@ class Operator(abc.ABC):
                 if tuple(d.shape) != shape:  # the kernel gets d.reshape(shape): its strides
                     st = d.reshape(shape).strides  # (a view keeps a strided operand's steps; a copy is C order)
                 strides.append(tuple(x // d.dtype.itemsize for x in st))
-        problem = Problem(self.name, dev, norm.shapes, (dtype,) * len(datas), tuple(strides), norm.attrs,
-                          norm.out_shape, dtype)
+        problem = Problem(self.name, dev, norm.shapes, dtypes, tuple(strides), norm.attrs, norm.out_shape, dtype)
         return problem, norm, casts
+
+    def normalize_for(self, shapes: Sequence[tuple[int, ...]], dtypes: tuple[str, ...],
+                      attrs: dict[str, Any]) -> Normalized:
+        """:meth:`normalize`, for an operator whose kernels must also know an operand's dtype
+        (``"bool"`` for a boolean mask). The default ignores the dtypes."""
+        return self.normalize(shapes, attrs)
 
     def problem_for(self, device: Device | str, shapes: Sequence[Sequence[int]], dtype: str, **attrs: Any) -> Problem:
         """The Problem the frontend builds for C-contiguous operands of ``shapes`` in ``dtype`` on
