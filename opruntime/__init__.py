@@ -9,6 +9,7 @@ This module re-exports only; the operators' functions come from ``opruntime.ops`
 """
 
 from . import errors
+from ._version import __version__
 from .config import configure, device, override, reload
 from .devices import Device
 from .hookspecs import DeviceProvider, hookimpl
@@ -21,10 +22,8 @@ from .plugins import register, registry, unregister
 from .tensor import Tensor, permute, reshape, tensor, transpose
 from .trace import trace
 
-__version__ = "0.1.0"
-
 __all__ = [
-    "FLOATS", "OPS", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "concat", "configure", "device",
+    "FLOATS", "OPS", "__version__", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "concat", "configure", "device",
     "devices", "errors", "explain", "hookimpl", "override", "permute", "register", "registry", "reload", "reshape",
     "tensor", "trace", "transpose", "unregister",
     *FUNCTIONS,
