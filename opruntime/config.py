@@ -33,7 +33,7 @@ import os
 import threading
 import tomllib
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -371,7 +371,7 @@ def _freeze_value(v: Any) -> Any:
     return tuple(sorted(v.items())) if isinstance(v, dict) else v
 
 
-def device(name: str | list[str] | tuple[str, ...]) -> Any:
+def device(name: str | list[str] | tuple[str, ...]) -> AbstractContextManager[Settings]:
     """``with opr.device("cuda:0"):`` places host data of this block on that device.
 
     A list is a priority list (the first present device wins).

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import AttributeValueError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem, itemsize
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike
 from .base import Case, Normalized, Operator
 
 MASK = 3  # the mask's operand index
@@ -323,9 +324,9 @@ ATTENTION = Attention()
 
 
 @ATTENTION.function
-def scaled_dot_product_attention(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
-                                 scale: float | None = None, enable_gqa: bool = False, *,
-                                 device: Any = None) -> Tensor:
+def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, attn_mask: ArrayLike | None = None,
+                                 is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
+                                 device: DeviceLike = None) -> Tensor:
     """``softmax(q @ k.T * scale + attn_mask) @ v``, as ``torch.nn.functional.scaled_dot_product_attention``
     (inference: no dropout), in one fused kernel where the device has one: no L x S buffer.
 
@@ -342,7 +343,7 @@ def scaled_dot_product_attention(q: Any, k: Any, v: Any, attn_mask: Any = None, 
 
     Returns:
         A Tensor (..., L, Ev) in q, k and v's promoted dtype. A row whose every key is masked is
-        zeros (as torch).
+            zeros (as torch).
 
     Raises:
         ShapeError: operands under 2-D, E or S that differ, leading dims that do not broadcast, a

@@ -29,8 +29,8 @@ from ..config import settings
 from ..devices import Device
 from ..errors import AttributeValueError, DeviceMismatchError, DtypeError
 from ..kernels import Attrs, Problem, c_strides, itemsize
-from ..plugins import registry, resolve_device
-from ..tensor import Tensor, host_array, signature_id
+from ..plugins import resolve_device
+from ..tensor import Tensor, adopt, host_array, signature_id
 
 #: Computation dtypes, narrow to wide. Mixed operands promote to the widest; float16 with
 #: bfloat16 promotes to float32 (neither holds the other). Integer and bool arrays are rejected;
@@ -255,6 +255,7 @@ class Operator(abc.ABC):
         fn = ns[stub.__name__]
         fn.__doc__, fn.__module__, fn.__qualname__ = stub.__doc__, stub.__module__, stub.__qualname__
         fn.__annotations__ = dict(stub.__annotations__)
+        fn.__wrapped__ = stub  # type: ignore[attr-defined]  # typing.get_type_hints reads the stub module's names
         fn.operator = self  # type: ignore[attr-defined]
         return fn
 
@@ -427,14 +428,13 @@ def place(op: str, names: Sequence[str], inputs: Sequence[Any], wanted: Any, s: 
             on_device = False
     if on_device and wanted is None and dev is not None:
         return [x.data for x in inputs], dev
-    if dev is None:
+    if not on_device:  # native arrays and DLPack objects on a device become Tensors there (tensor.adopt)
+        inputs = [adopt(op, x, n) for n, x in zip(names, inputs)]
         for x in inputs:
-            if x is not None and not isinstance(x, (np.ndarray, list, tuple, int, float)):
-                owner = registry().device_of(x)
-                if owner is not None:
-                    if dev is not None and owner.name != dev.name:
-                        _mismatch(op, names, inputs)
-                    dev = owner
+            if x.__class__ is Tensor:
+                if dev is not None and x.device.name != dev.name:
+                    _mismatch(op, names, inputs)
+                dev = x.device
     if wanted is not None:
         want = resolve_device(s, op, wanted)
         if dev is not None and want.name != dev.name:

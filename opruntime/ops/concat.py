@@ -9,7 +9,6 @@ and promoted to one dtype by the operators' rule (:func:`~.base.result_dtype`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -17,10 +16,11 @@ from ..config import settings
 from ..errors import AttributeValueError, InputTypeError, ShapeError
 from ..kernels import np_dtype
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike
 from .base import place, result_dtype
 
 
-def concat(tensors: Sequence[Any], axis: int = 0, *, device: Any = None) -> Tensor:
+def concat(tensors: Sequence[ArrayLike], axis: int = 0, *, device: DeviceLike = None) -> Tensor:
     """``tensors`` joined along ``axis``, as ``torch.cat``: a new Tensor.
 
     Args:
@@ -31,9 +31,11 @@ def concat(tensors: Sequence[Any], axis: int = 0, *, device: Any = None) -> Tens
         device: the device for host operands when no operand is a Tensor.
 
     Raises:
-        InputTypeError: ``tensors`` is not a sequence. ShapeError: no operand, a 0-d operand, or
-        shapes that differ off ``axis``. AttributeValueError: a bad ``axis``.
-        DeviceMismatchError: operands on two devices. DtypeError: a non-float dtype.
+        InputTypeError: ``tensors`` is not a sequence.
+        ShapeError: no operand, a 0-d operand, or shapes that differ off ``axis``.
+        AttributeValueError: a bad ``axis``.
+        DeviceMismatchError: operands on two devices.
+        DtypeError: a non-float dtype.
 
     Example:
         >>> opr.concat([a, b], axis=1)

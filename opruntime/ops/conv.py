@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import AttributeValueError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike, IntPair
 from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr, pair
 
 
@@ -224,14 +225,20 @@ CONV2D = Conv2d()
 
 
 @CONV2D.function
-def conv2d(x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-           groups: int = 1, activation: str | None = None, *, device: Any = None) -> Tensor:
+def conv2d(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, stride: IntPair = 1,
+           padding: IntPair | str = 0, dilation: IntPair = 1, groups: int = 1, activation: str | None = None, *,
+           device: DeviceLike = None) -> Tensor:
     """2-D convolution (cross-correlation), NCHW x OIHW, as ``torch.nn.functional.conv2d``.
 
     Args:
-        x: (N, C, H, W) or (C, H, W).  w: (O, C // groups, kH, kW).  bias: (O,) or None.
-        stride: int or (sh, sw), >= 1.  padding: int, (ph, pw), "same" or "valid".
-        dilation: int or (dh, dw), >= 1.  groups: divides C and O.
+        x: (N, C, H, W) or (C, H, W): a Tensor, a native device array or host data.
+        w: the filters, (O, C // groups, kH, kW).
+        bias: (O,) or None.
+        stride: int or (sh, sw), >= 1.
+        padding: int or (ph, pw), >= 0, or ``"same"`` (output as large as the input; stride 1) or
+            ``"valid"`` (no padding).
+        dilation: int or (dh, dw), >= 1.
+        groups: the number of channel groups: divides C and O (C for a depthwise convolution).
         activation: None, "relu", "gelu", "gelu_tanh" or "silu": applied after the bias, fused
             into the kernel's epilogue.
         device: run here.
@@ -240,5 +247,9 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, 
         A Tensor (N, O, Ho, Wo) (or (O, Ho, Wo) for unbatched x).
 
     Raises:
-        ShapeError, AttributeValueError, DtypeError, DeviceMismatchError: see the module doc.
+        ShapeError: x not 3-D or 4-D, w not 4-D, channels that ``groups`` does not divide or that
+            differ from w's, a bias not of shape (O,), an output size under 1.
+        AttributeValueError: a bad stride, padding, dilation, groups or activation.
+        DtypeError: integer or bool operands.
+        DeviceMismatchError: operands on different devices.
     """

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import AttributeValueError, DtypeError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem, c_strides
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike
 from .base import ACTIVATIONS, Case, Normalized, Operator
 
 BINARY_OPS = ("add", "sub", "mul", "div")
@@ -359,7 +360,7 @@ TANH = Unary("tanh", {
 # -- the public functions ----------------------------------------------------------------------------
 
 @ADD.function
-def add(a: Any, b: Any, *, device: Any = None) -> Tensor:
+def add(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``a + b`` elementwise with NumPy broadcasting, as ``torch.add``.
 
     Args:
@@ -372,28 +373,30 @@ def add(a: Any, b: Any, *, device: Any = None) -> Tensor:
         A Tensor of the broadcast shape, in the operands' common dtype.
 
     Raises:
-        ShapeError: shapes that do not broadcast.  DtypeError: integer or bool operands.
+        ShapeError: shapes that do not broadcast.
+        DtypeError: integer or bool operands.
+        DeviceMismatchError: operands on different devices.
     """
 
 
 @SUB.function
-def sub(a: Any, b: Any, *, device: Any = None) -> Tensor:
+def sub(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``a - b`` elementwise with NumPy broadcasting, as ``torch.sub``. Arguments and errors as :func:`add`."""
 
 
 @MUL.function
-def mul(a: Any, b: Any, *, device: Any = None) -> Tensor:
+def mul(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``a * b`` elementwise with NumPy broadcasting, as ``torch.mul``. Arguments and errors as :func:`add`."""
 
 
 @DIV.function
-def div(a: Any, b: Any, *, device: Any = None) -> Tensor:
+def div(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``a / b`` elementwise with NumPy broadcasting, as ``torch.div`` (true division). Division by
     zero gives ``inf`` or ``nan`` as IEEE 754 says, with no error. Arguments and errors as :func:`add`."""
 
 
 @NEG.function
-def neg(x: Any, *, device: Any = None) -> Tensor:
+def neg(x: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``-x`` elementwise, as ``torch.neg`` (the Tensor's unary minus).
 
     Raises:
@@ -402,7 +405,7 @@ def neg(x: Any, *, device: Any = None) -> Tensor:
 
 
 @RELU.function
-def relu(x: Any, *, device: Any = None) -> Tensor:
+def relu(x: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``max(x, 0)`` elementwise, as ``torch.nn.functional.relu`` (NaN stays NaN).
 
     Args:
@@ -418,25 +421,33 @@ def relu(x: Any, *, device: Any = None) -> Tensor:
 
 
 @GELU.function
-def gelu(x: Any, approximate: str = "none", *, device: Any = None) -> Tensor:
-    """``x * Phi(x)`` elementwise, as ``torch.nn.functional.gelu``: ``approximate="none"`` uses
-    ``erf``, ``"tanh"`` the tanh approximation.
+def gelu(x: ArrayLike, approximate: str = "none", *, device: DeviceLike = None) -> Tensor:
+    """``x * Phi(x)`` elementwise, as ``torch.nn.functional.gelu``.
+
+    Args:
+        x: any shape: a Tensor, a native device array or host data.
+        approximate: ``"none"`` (exact, with ``erf``) or ``"tanh"`` (the tanh approximation).
+        device: run here.
+
+    Returns:
+        A Tensor of ``x``'s shape and dtype.
 
     Raises:
-        AttributeValueError: another ``approximate``.  DtypeError: as :func:`relu`.
+        AttributeValueError: another ``approximate``.
+        DtypeError: integer input or a dtype no kernel on the device computes.
     """
 
 
 @SILU.function
-def silu(x: Any, *, device: Any = None) -> Tensor:
+def silu(x: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``x * sigmoid(x)`` elementwise, as ``torch.nn.functional.silu``. Errors as :func:`relu`."""
 
 
 @SIGMOID.function
-def sigmoid(x: Any, *, device: Any = None) -> Tensor:
+def sigmoid(x: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``1 / (1 + exp(-x))`` elementwise, as ``torch.sigmoid``. Errors as :func:`relu`."""
 
 
 @TANH.function
-def tanh(x: Any, *, device: Any = None) -> Tensor:
+def tanh(x: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """``tanh(x)`` elementwise, as ``torch.tanh``. Errors as :func:`relu`."""

@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike
 from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr
 
 
@@ -164,7 +165,8 @@ LINEAR = Linear()
 
 
 @LINEAR.function
-def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None, *, device: Any = None) -> Tensor:
+def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None, activation: str | None = None, *,
+           device: DeviceLike = None) -> Tensor:
     """``x @ weight.T + bias``, then ``activation``, as ``torch.nn.functional.linear`` (and the
     activation's function) would compute them, in one kernel where the device has one.
 
@@ -181,6 +183,8 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
 
     Raises:
         ShapeError: a 0-D x, a weight that is not 2-D, in_features that differ, a bias of the
-            wrong shape.  AttributeValueError: an unknown activation.
-        DtypeError, DeviceMismatchError: as every operator.
+            wrong shape.
+        AttributeValueError: an unknown activation.
+        DtypeError: integer or bool operands.
+        DeviceMismatchError: operands on different devices.
     """

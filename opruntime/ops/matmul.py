@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike
 from .base import Case, Normalized, Operator
 
 
@@ -85,7 +86,7 @@ MATMUL = MatMul()
 
 
 @MATMUL.function
-def matmul(a: Any, b: Any, *, device: Any = None) -> Tensor:
+def matmul(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     """Matrix product with NumPy's ``matmul`` semantics (1-D rules, batched, broadcast batch dims).
 
     Args:
@@ -95,7 +96,7 @@ def matmul(a: Any, b: Any, *, device: Any = None) -> Tensor:
 
     Returns:
         A Tensor of shape (broadcast batch..., M, N) minus the dims of 1-D operands, in the
-        promoted dtype (``opruntime.ops.base.result_dtype``).
+            promoted dtype (``opruntime.ops.base.result_dtype``).
 
     Raises:
         ShapeError: 0-D operands, different inner dims, batch dims that do not broadcast.

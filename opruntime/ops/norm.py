@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import AttributeValueError, InputTypeError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike, ShapeLike
 from .base import Case, Normalized, Operator
 
 #: rms_norm's ``eps=None``: the machine epsilon of the computation dtype (``torch.finfo(dtype).eps``).
@@ -344,8 +345,8 @@ BATCH_NORM = BatchNorm()
 
 
 @LAYER_NORM.function
-def layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, *,
-               device: Any = None) -> Tensor:
+def layer_norm(x: ArrayLike, normalized_shape: ShapeLike, weight: ArrayLike | None = None,
+               bias: ArrayLike | None = None, eps: float = 1e-5, *, device: DeviceLike = None) -> Tensor:
     """Layer normalization over the trailing dims ``normalized_shape``, as
     ``torch.nn.functional.layer_norm``: ``(x - mean) / sqrt(var + eps) * weight + bias``.
 
@@ -362,14 +363,15 @@ def layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = No
 
     Raises:
         ShapeError: ``normalized_shape`` not the trailing dims of ``x``, or a weight / bias of
-        another shape.  AttributeValueError: a bad ``normalized_shape`` or ``eps``.
+            another shape.
+        AttributeValueError: a bad ``normalized_shape`` or ``eps``.
         DtypeError: integer input.
     """
 
 
 @RMS_NORM.function
-def rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None, *,
-             device: Any = None) -> Tensor:
+def rms_norm(x: ArrayLike, normalized_shape: ShapeLike, weight: ArrayLike | None = None, eps: float | None = None,
+             *, device: DeviceLike = None) -> Tensor:
     """RMS normalization over the trailing dims ``normalized_shape``, as
     ``torch.nn.functional.rms_norm``: ``x / sqrt(mean(x**2) + eps) * weight``.
 
@@ -379,8 +381,8 @@ def rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: float | Non
 
 
 @BATCH_NORM.function
-def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None, bias: Any = None,
-               eps: float = 1e-5, *, device: Any = None) -> Tensor:
+def batch_norm(x: ArrayLike, running_mean: ArrayLike, running_var: ArrayLike, weight: ArrayLike | None = None,
+               bias: ArrayLike | None = None, eps: float = 1e-5, *, device: DeviceLike = None) -> Tensor:
     """Batch normalization for inference, as ``torch.nn.functional.batch_norm(training=False)``:
     per channel ``(x - running_mean) / sqrt(running_var + eps) * weight + bias``.
 
@@ -397,6 +399,8 @@ def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None, 
         A Tensor of ``x``'s shape and dtype.
 
     Raises:
-        ShapeError: ``x`` under 2-D or a vector not of shape (C,).  AttributeValueError: a bad
-        ``eps``.  InputTypeError: a running statistic given as None.  DtypeError: integer input.
+        ShapeError: ``x`` under 2-D or a vector not of shape (C,).
+        AttributeValueError: a bad ``eps``.
+        InputTypeError: a running statistic given as None.
+        DtypeError: integer input.
     """

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import AttributeValueError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike, IntPair
 from .base import Case, Normalized, Operator, pair
 
 
@@ -407,32 +408,38 @@ ADAPTIVE_AVG_POOL2D = AdaptiveAvgPool2d()
 
 
 @MAX_POOL2D.function
-def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-               ceil_mode: bool = False, *, device: Any = None) -> Tensor:
+def max_pool2d(x: ArrayLike, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
+               dilation: IntPair = 1, ceil_mode: bool = False, *, device: DeviceLike = None) -> Tensor:
     """2-D max pooling over NCHW (or CHW) input, as ``torch.nn.functional.max_pool2d``.
 
     Args:
-        x: (N, C, H, W) or (C, H, W).  kernel_size: int or (kh, kw), >= 1.
+        x: (N, C, H, W) or (C, H, W): a Tensor, a native device array or host data.
+        kernel_size: int or (kh, kw), >= 1.
         stride: int or (sh, sw), >= 1; None: the kernel size.
         padding: int or (ph, pw), >= 0 and at most kernel_size // 2 (padded taps are -inf).
-        dilation: int or (dh, dw), >= 1.  ceil_mode: round output sizes up (torch's rule).
+        dilation: int or (dh, dw), >= 1.
+        ceil_mode: round output sizes up (torch's rule).
         device: run here.
 
     Returns:
         A Tensor (N, C, Ho, Wo) (or (C, Ho, Wo)); a window holding a NaN gives NaN.
 
     Raises:
-        ShapeError, AttributeValueError, DtypeError, DeviceMismatchError: see the module doc.
+        ShapeError: x not 3-D or 4-D, or an output size under 1.
+        AttributeValueError: a bad kernel size, stride, padding, dilation or output size.
+        DtypeError: integer or bool input.
+        DeviceMismatchError: ``device=`` other than a Tensor's device.
     """
 
 
 @AVG_POOL2D.function
-def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True, *, device: Any = None) -> Tensor:
+def avg_pool2d(x: ArrayLike, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True, *, device: DeviceLike = None) -> Tensor:
     """2-D average pooling over NCHW (or CHW) input, as ``torch.nn.functional.avg_pool2d``.
 
     Args:
-        x: (N, C, H, W) or (C, H, W).  kernel_size: int or (kh, kw), >= 1.
+        x: (N, C, H, W) or (C, H, W): a Tensor, a native device array or host data.
+        kernel_size: int or (kh, kw), >= 1.
         stride: int or (sh, sw), >= 1; None: the kernel size.
         padding: int or (ph, pw), >= 0 and at most half the kernel (zeros).
         ceil_mode: round output sizes up (torch's rule).
@@ -444,12 +451,16 @@ def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, c
         A Tensor (N, C, Ho, Wo) (or (C, Ho, Wo)).
 
     Raises:
-        ShapeError, AttributeValueError, DtypeError, DeviceMismatchError: see the module doc.
+        ShapeError: x not 3-D or 4-D, or an output size under 1.
+        AttributeValueError: a bad kernel size, stride, padding, dilation or output size.
+        DtypeError: integer or bool input.
+        DeviceMismatchError: ``device=`` other than a Tensor's device.
     """
 
 
 @ADAPTIVE_AVG_POOL2D.function
-def adaptive_avg_pool2d(x: Any, output_size: Any, *, device: Any = None) -> Tensor:
+def adaptive_avg_pool2d(x: ArrayLike, output_size: int | None | tuple[int | None, int | None], *,
+                        device: DeviceLike = None) -> Tensor:
     """Average pooling to a given output size, as ``torch.nn.functional.adaptive_avg_pool2d``.
 
     Args:
@@ -459,8 +470,11 @@ def adaptive_avg_pool2d(x: Any, output_size: Any, *, device: Any = None) -> Tens
 
     Returns:
         A Tensor (N, C, oh, ow) (or (C, oh, ow)); cell i of a dim L pooled to O averages
-        ``[floor(i*L/O), ceil((i+1)*L/O))``.
+            ``[floor(i*L/O), ceil((i+1)*L/O))``.
 
     Raises:
-        ShapeError, AttributeValueError, DtypeError, DeviceMismatchError: see the module doc.
+        ShapeError: x not 3-D or 4-D, or an output size under 1.
+        AttributeValueError: a bad kernel size, stride, padding, dilation or output size.
+        DtypeError: integer or bool input.
+        DeviceMismatchError: ``device=`` other than a Tensor's device.
     """

@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import AttributeValueError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
+from ..typing import ArrayLike, Axes, DeviceLike
 from .base import Case, Normalized, Operator
 
 
@@ -216,7 +217,7 @@ AMAX = Reduce("amax", "max", np.max, _EMPTY_KEPT, _peers("max", "amax", "max", "
 
 
 @SUM.function
-def sum(x: Any, axis: Any = None, keepdims: bool = False, *, device: Any = None) -> Tensor:  # noqa: A001
+def sum(x: ArrayLike, axis: Axes = None, keepdims: bool = False, *, device: DeviceLike = None) -> Tensor:  # noqa: A001
     """The sum of ``x``'s elements over ``axis`` (an int, a tuple of ints, or None: every axis),
     as ``numpy.sum`` / ``torch.sum``. float16 / bfloat16 accumulate in float32.
 
@@ -236,14 +237,14 @@ def sum(x: Any, axis: Any = None, keepdims: bool = False, *, device: Any = None)
 
 
 @MEAN.function
-def mean(x: Any, axis: Any = None, keepdims: bool = False, *, device: Any = None) -> Tensor:
+def mean(x: ArrayLike, axis: Axes = None, keepdims: bool = False, *, device: DeviceLike = None) -> Tensor:
     """The mean of ``x``'s elements over ``axis``, as ``numpy.mean`` / ``torch.mean``: the sum
     (float32 accumulation for 16-bit types) divided by the count. A mean over nothing is NaN.
     Arguments and errors as :func:`sum`."""
 
 
 @AMAX.function
-def amax(x: Any, axis: Any = None, keepdims: bool = False, *, device: Any = None) -> Tensor:
+def amax(x: ArrayLike, axis: Axes = None, keepdims: bool = False, *, device: DeviceLike = None) -> Tensor:
     """The maximum of ``x``'s elements over ``axis``, as ``torch.amax`` / ``numpy.max``; NaN
     propagates (a row holding NaN gives NaN). Arguments as :func:`sum`.
 

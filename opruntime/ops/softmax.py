@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import AttributeValueError, ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
+from ..typing import ArrayLike, DeviceLike
 from .base import Case, Normalized, Operator
 
 
@@ -122,15 +123,16 @@ LOG_SOFTMAX = Softmax("log_softmax", log=True, bench={"cpu": [_sm((4096, 1024))]
 
 
 @SOFTMAX.function
-def softmax(x: Any, axis: int = -1, *, device: Any = None) -> Tensor:
+def softmax(x: ArrayLike, axis: int = -1, *, device: DeviceLike = None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``axis``, computed stably (max subtracted).
 
     Raises:
-        ShapeError: a 0-D input.  AttributeValueError: an axis out of range.
+        ShapeError: a 0-D input.
+        AttributeValueError: an axis out of range.
         DtypeError: integer input or a dtype the device cannot compute.
     """
 
 
 @LOG_SOFTMAX.function
-def log_softmax(x: Any, axis: int = -1, *, device: Any = None) -> Tensor:
+def log_softmax(x: ArrayLike, axis: int = -1, *, device: DeviceLike = None) -> Tensor:
     """``x - logsumexp(x)`` along ``axis``, computed stably. Errors as :func:`softmax`."""
