@@ -1,4 +1,4 @@
-"""``python -m opruntime.tools``: the ``opruntime`` command."""
+"""``python -m opruntime.tools``: the ``opruntime`` command (as ``python -m opruntime``)."""
 
 import sys
 

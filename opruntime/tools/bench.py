@@ -7,11 +7,14 @@ and its peers. Every timing goes through the runtime's one harness (:mod:`oprunt
 the median over ``repeats`` batches of back-to-back calls followed by one device
 synchronisation (so GPU launch gaps overlap as they do in real programs), after a warm-up that
 compiles and caches. Inputs are random normal values, never zeros. Ratios are peer time / our
-time: above 1 means opruntime is faster.
+time: above 1 means opruntime is faster. Each timing also keeps the p10-p90 spread of its rounds;
+a timing whose rounds spread wider than ``NOISY`` is flagged, and so is an overhead (our call
+minus the chosen kernel called directly, paired per round) that comes out at or below zero.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 import math
@@ -23,9 +26,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from rich.table import Table
 
 from opruntime.config import settings
 from opruntime.devices import Device, host_normal
+from opruntime.errors import AttributeValueError, NoKernelError, ShapeError
 from opruntime.kernels import Problem, np_dtype
 from opruntime.ops import FUNCTIONS, OPS
 from opruntime.ops.base import Case, Operator, wide
@@ -33,7 +38,9 @@ from opruntime.selector import Candidate, plans
 from opruntime.tensor import Tensor
 from opruntime.timing import Timed, measure, measure_rounds, paired_ratio
 
+from . import output
 from . import peers as peer_libraries
+from .output import seconds, span
 
 
 def suites() -> dict[str, list[Case]]:
@@ -57,7 +64,7 @@ RATES: Mapping[str, tuple[str, str]] = {"memory": ("GB/s", "bytes"), "compute": 
 
 @dataclass
 class Result:
-    """One case on one device: our time, each candidate's, each peer's."""
+    """One case on one device: our time, each candidate's, each peer's (seconds; rates in ``unit``)."""
 
     op: str
     problem: str
@@ -80,16 +87,46 @@ class Result:
     vs_chosen: dict[str, float] = field(default_factory=dict)
     #: how much slower the chosen kernel is than the fastest candidate (0.012: 1.2%; 0: it is the fastest)
     selection_gap: float = math.nan
-
-    @property
-    def overhead_s(self) -> float:
-        return self.time_s - self.direct_s
+    #: opruntime's call minus the chosen kernel called directly: the median of the per-round
+    #: differences (paired, as the ratios); 0.0 when it is below the noise (``"overhead"`` in ``noisy``)
+    overhead_s: float = math.nan
+    #: the 10th and 90th percentiles over the rounds of each timing: ``opruntime``, ``direct``,
+    #: ``overhead`` (of the per-round differences), ``kernel:<label>``, ``peer:<name>``
+    spread_s: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: the timings whose rounds were noisy (p90 / p10 above ``NOISY``), and ``overhead`` when the
+    #: overhead came out at or below zero (smaller than the noise of the two timings)
+    noisy: list[str] = field(default_factory=list)
 
     def ratios(self) -> dict[str, float]:
         """Peer time / our time per peer: above 1, opruntime is faster."""
         if self.peer_ratios:
             return dict(self.peer_ratios)
         return {k: v / self.time_s for k, v in self.peers.items() if math.isfinite(v)}
+
+
+#: rounds whose p90 / p10 exceeds this are flagged noisy (a busy machine, clocks changing)
+NOISY = 1.5
+
+
+def spread(samples: Sequence[float]) -> tuple[float, float]:
+    """The 10th and 90th percentiles of per-round samples (both the sample when there is one)."""
+    if len(samples) < 2:
+        return (samples[0], samples[0]) if samples else (math.nan, math.nan)
+    cuts = statistics.quantiles(samples, n=10, method="inclusive")
+    return cuts[0], cuts[-1]
+
+
+def is_noisy(samples: Sequence[float]) -> bool:
+    """Whether per-round times spread wider than ``NOISY`` (p90 / p10)."""
+    lo, hi = spread(samples)
+    return lo > 0 and hi / lo > NOISY
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, tuple[float, float]]:
+    """The median and the p10-p90 spread of ``a - b`` per round, for two contenders timed in the
+    same rounds (a slow spell then falls on both terms of each difference)."""
+    diffs = [x - y for x, y in zip(a, b)]
+    return statistics.median(diffs), spread(diffs)
 
 
 def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
@@ -143,6 +180,15 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
     ours_s, direct = samples["opruntime"], samples.get("direct")
     res.time_s = statistics.median(ours_s)
     res.direct_s = statistics.median(direct) if direct else math.nan
+    for name, t in samples.items():
+        res.spread_s[name] = spread(t)
+        if is_noisy(t):
+            res.noisy.append(name)
+    if direct:
+        overhead, res.spread_s["overhead"] = paired_difference(ours_s, direct)
+        res.overhead_s = max(overhead, 0.0)
+        if overhead <= 0:  # the direct call timed slower than the whole call: the overhead is below the noise
+            res.noisy.append("overhead")
     if kernels and direct:
         res.candidates[plan.order[0].label] = res.direct_s
         res.vs_chosen[plan.order[0].label] = 1.0
@@ -261,30 +307,54 @@ def _no_sync() -> None:
     return None
 
 
-def format_table(results: Sequence[Result]) -> str:
-    """A plain-text table: one row per case, then the candidate kernels indented."""
+def table(results: Sequence[Result]) -> Table:
+    """One row per case (its time, the p10-p90 spread of its rounds, rate, overhead, selection
+    time, ratio to each peer), then its candidate kernels indented (``--kernels``); a noisy
+    figure ends in ``!`` (see :func:`legend`)."""
     peer_names = sorted({p for r in results for p in r.peers})
-    head = ["op", "problem", "dtype", "device", "kernel", "time", "rate", "overhead", "select"] + \
-        [f"vs {p}" for p in peer_names]
-    rows = []
+    head = ["op", "problem", "dtype", "device", "kernel", "time", "p10-p90", "rate", "overhead", "select",
+            *(f"vs {p}" for p in peer_names)]
+    rows: list[list[str]] = []
+    blank = [""] * len(peer_names)
     for r in results:
         if r.error:
-            rows.append([r.op, r.problem, r.dtype, r.device, "ERROR", r.error[:60], "", "", ""] + [""] * len(peer_names))
+            rows.append([r.op, r.problem, r.dtype, r.device, "ERROR", r.error[:60], "", "", "", "", *blank])
             continue
         ratios = r.ratios()
-        rows.append([r.op, r.problem, r.dtype, r.device, r.kernel, _t(r.time_s), f"{r.rate:,.1f} {r.unit}",
-                     _t(r.overhead_s) if math.isfinite(r.overhead_s) else "-", _t(r.select_s)]
-                    + [f"{ratios[p]:.2f}x" if p in ratios else "-" for p in peer_names])
+        flag = {name: " !" if name in r.noisy else "" for name in ("opruntime", *(f"peer:{p}" for p in peer_names))}
+        overhead = "~0 (noise)" if "overhead" in r.noisy else seconds(r.overhead_s)
+        rows.append([r.op, r.problem, r.dtype, r.device, r.kernel, seconds(r.time_s),
+                     span(*r.spread_s.get("opruntime", (math.nan, math.nan))) + flag["opruntime"],
+                     f"{r.rate:,.1f} {r.unit}", overhead, seconds(r.select_s),
+                     *(f"{ratios[p]:.2f}x{flag[f'peer:{p}']}" if p in ratios else "-" for p in peer_names)])
         for name, t in sorted(r.candidates.items(), key=lambda kv: r.vs_chosen.get(kv[0], math.inf)):
             vs = r.vs_chosen.get(name)
-            rows.append(["", "", "", "", f"  {name}", _t(t), f"{vs:.3f}x the chosen" if vs else "", "", ""]
-                        + [""] * len(peer_names))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    legend = ("(vs X = X's time / opruntime's time, the median of per-round ratios: above 1 means opruntime is"
-              " faster;\n overhead = opruntime call - direct kernel; select = a cache-hit selection: the call's key"
-              " built and looked up)")
-    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows), legend, *selection_summary(results)])
+            noisy = " !" if f"kernel:{name}" in r.noisy else ""
+            rows.append(["", "", "", "", f"  {name}", seconds(t),
+                         span(*r.spread_s.get(f"kernel:{name}", (math.nan, math.nan))) + noisy,
+                         f"{vs:.3f}x the chosen" if vs else "", "", "", *blank])
+    return output.table(head, rows, right=["time", "p10-p90", "rate", "overhead", "select",
+                                           *(f"vs {p}" for p in peer_names)])
+
+
+def legend(results: Sequence[Result]) -> list[str]:
+    """The lines under the table: what its columns mean, the noisy figures, the selection summary."""
+    lines = ["vs X = X's time / opruntime's, the median of per-round ratios (above 1: opruntime is faster); "
+             "p10-p90 = the spread of the rounds; overhead = opruntime's call - the chosen kernel called "
+             "directly (the median of per-round differences); select = a cache-hit selection"]
+    noisy = [r for r in results if any(n != "overhead" for n in r.noisy)]
+    if noisy:
+        lines.append(f"! = noisy: its rounds spread more than {NOISY}x (p90/p10) in {len(noisy)} case(s): "
+                     "a busy machine; run again with more --repeats, or on a quieter machine")
+    if any("overhead" in r.noisy for r in results):
+        lines.append("~0 (noise) = the overhead came out at or below zero: smaller than the noise of the "
+                     "two timings it is the difference of")
+    return lines + selection_summary(results)
+
+
+def format_table(results: Sequence[Result], width: int = 100) -> str:
+    """The table and its legend as plain text ``width`` columns wide."""
+    return output.render(table(results), width) + "\n".join(legend(results))
 
 
 def selection_summary(results: Sequence[Result]) -> list[str]:
@@ -298,12 +368,6 @@ def selection_summary(results: Sequence[Result]) -> list[str]:
             f"{len(checked) - len(over)} of {len(checked)} cases (worst {worst.selection_gap:.1%}: {worst.op} "
             f"{worst.problem} {worst.dtype})")
     return [line] + [f"  over: {r.op} {r.problem} {r.dtype} on {r.device}: {r.selection_gap:.1%}" for r in over]
-
-
-def _t(s: float) -> str:
-    if not math.isfinite(s):
-        return "-"
-    return f"{s * 1e6:.2f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
 
 
 #: the distributions whose versions a result file records: opruntime's stacks and the peers'
@@ -328,36 +392,55 @@ def environment(devices: Sequence[Device] = ()) -> dict[str, Any]:
             "devices": {d.name: {"description": d.provider.description, **d.provider.info()} for d in devices}}
 
 
-def to_json(results: Sequence[Result], path: str, devices: Sequence[Device] = (),
-            extra: dict[str, Any] | None = None) -> None:
-    """Write the results, where they ran and ``extra`` (e.g. ``roofline``) as JSON; path "-" is stdout."""
-    data = {**environment(devices), "results": [asdict(r) | {"ratios": r.ratios()} for r in results], **(extra or {})}
-    if path == "-":
-        print(json.dumps(data, indent=1, default=str))
-        return
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, default=str)
+def document(results: Sequence[Result], devices: Sequence[Device] = (),
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The results, where they ran and ``extra`` (e.g. ``roofline``), as data for strict JSON:
+    times in seconds (``*_s``), ``flops`` and ``bytes`` as integers, each result's ``ratios``."""
+    return {**environment(devices), "results": [record(r) for r in results], **(extra or {})}
+
+
+def record(r: Result) -> dict[str, Any]:
+    """One result as JSON data (see :func:`document`)."""
+    counts = {k: int(v) if math.isfinite(v) else None for k, v in (("flops", r.flops), ("bytes", r.bytes))}
+    return asdict(r) | counts | {"ratios": r.ratios()}
+
+
+def parse_shapes(spec: str) -> tuple[tuple[int, ...], ...]:
+    """``"1024x1024,1024x1024"`` -> ``((1024, 1024), (1024, 1024))``."""
+    try:
+        return tuple(tuple(int(n) for n in part.split("x")) for part in spec.split(","))
+    except ValueError:
+        raise ShapeError(f"bad shape {spec!r}: write operand shapes like 1024x1024,1024x1024") from None
+
+
+def parse_attr(text: str) -> tuple[str, Any]:
+    """``"stride=[2,1]"`` -> ``("stride", (2, 1))``: the value as JSON (lists as tuples), or as
+    Python spells its constants (``True``, ``False``, ``None``), else the text itself."""
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise AttributeValueError(f"bad attribute {text!r}: write name=value, e.g. padding=1 or stride=[2,1]")
+    try:
+        parsed: Any = json.loads({"True": "true", "False": "false", "None": "null"}.get(value, value))
+    except json.JSONDecodeError:
+        parsed = value
+    return key, tuple(parsed) if isinstance(parsed, list) else parsed
+
+
+def make_case(op: str, shapes: Sequence[tuple[int, ...]], dtype: str, attrs: Mapping[str, Any]) -> Case:
+    """The bench case of ``op`` on operands of ``shapes``, checking how many operands it takes."""
+    if op not in OPS:
+        close = difflib.get_close_matches(op, list(OPS), n=1)
+        raise NoKernelError(f"unknown operator {op!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                            + f" Operators: {', '.join(OPS)}")
+    operator = OPS[op]
+    least = operator.required if operator.required is not None else len(operator.operands)
+    if not least <= len(shapes) <= len(operator.operands):
+        spec = ",".join("x".join(map(str, s)) for s in shapes)
+        raise ShapeError(f"{op} takes {'/'.join(operator.operands)}: give {least} to {len(operator.operands)} "
+                         f"comma-separated shapes, got {spec!r}")
+    return Case(tuple(tuple(s) for s in shapes), dict(attrs), dtype, op=op)
 
 
 def parse_case(op: str, spec: str, dtype: str, attrs: Sequence[str]) -> Case:
     """``parse_case("matmul", "1024x1024,1024x1024", "float32", [])``; attrs as ``key=value``."""
-    if op not in OPS:
-        raise SystemExit(f"unknown operator {op!r}; operators: {', '.join(OPS)}")
-    try:
-        shapes = tuple(tuple(int(n) for n in part.split("x")) for part in spec.split(","))
-    except ValueError:
-        raise SystemExit(f"bad --shape {spec!r}: write operand shapes like 1024x1024,1024x1024") from None
-    operator = OPS[op]
-    least = operator.required if operator.required is not None else len(operator.operands)
-    if not least <= len(shapes) <= len(operator.operands):
-        raise SystemExit(f"{op} takes {'/'.join(operator.operands)}: give {least} to {len(operator.operands)} "
-                         f"comma-separated shapes, got {spec!r}")
-    parsed: dict[str, Any] = {}
-    for a in attrs:
-        k, _, v = a.partition("=")
-        try:  # JSON, and Python's spellings of its constants (is_causal=True, scale=None)
-            val: Any = json.loads({"True": "true", "False": "false", "None": "null"}.get(v, v))
-        except json.JSONDecodeError:
-            val = v
-        parsed[k] = tuple(val) if isinstance(val, list) else val
-    return Case(shapes, parsed, dtype, op=op)
+    return make_case(op, parse_shapes(spec), dtype, dict(parse_attr(a) for a in attrs))

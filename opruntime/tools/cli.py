@@ -1,31 +1,173 @@
 """The ``opruntime`` command: ``info``, ``bench``, ``tune``, ``cache``, ``explain``
-(``opruntime <command> --help``; also ``python -m opruntime.tools``)."""
+(``opruntime <command> --help``; also ``python -m opruntime``), on click.
+
+Conventions, the same for every command:
+
+* ``--json`` prints strict JSON on stdout instead of the table; ``-o/--output PATH`` writes the
+  same JSON to a file (:mod:`.output`); numbers in SI units, the unit in the key (``time_s``).
+* A user's mistake (a bad option value, an unknown attribute, a missing file) is one line on
+  stderr and exit status 2; ``opruntime --debug <command>`` shows the traceback instead.
+* Output piped into a reader that stops early (``opruntime info | head -1``) ends quietly.
+"""
 
 from __future__ import annotations
 
-import argparse
-import json
+import ast
+import difflib
 import math
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import click
 import numpy as np
 
 import opruntime as opr
 from opruntime import cache, config, selector, tuning
 from opruntime.config import settings
 from opruntime.errors import OpRuntimeError
+from opruntime.kernels import c_strides, np_dtype
 from opruntime.lru import CACHES
 from opruntime.ops import OPS
+from opruntime.ops.base import FLOAT_ORDER
 from opruntime.plugins import registry
 
-from . import bench, models, plot
+from . import bench, models, output, plot
+from .output import seconds
 from .peers import LIBRARIES
 from .progress import Progress
 
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 
-def cmd_info(args: argparse.Namespace) -> int:
+
+# -- option types and shared options ----------------------------------------------------------------
+class Shapes(click.ParamType):
+    """``--shape 1024x1024,1024x1024``: one shape per operand."""
+
+    name = "AxB,CxD"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return bench.parse_shapes(value)
+        except OpRuntimeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Attr(click.ParamType):
+    """``--attr padding=1``: an operator attribute, its value as JSON or Python's constants."""
+
+    name = "NAME=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return bench.parse_attr(value)
+        except OpRuntimeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _operators(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Check operator names, suggesting the closest for a typo."""
+    for name in [value] if isinstance(value, str) else value:
+        if name not in OPS:
+            close = difflib.get_close_matches(name, list(OPS), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "`opruntime info` lists them"
+            raise click.BadParameter(f"unknown operator {name!r}; {hint}", ctx, param)
+    return value
+
+
+def _peers(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    """``--peers numpy,torch`` -> the list; ``none`` -> no peer; unset -> every installed one."""
+    if value is None:
+        return None
+    if value == "none":
+        return []
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in LIBRARIES]
+    if unknown:
+        raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}; peers: {', '.join(LIBRARIES)}, or none",
+                                 ctx, param)
+    return names
+
+
+def json_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The one output convention of every command: ``--json`` and ``-o/--output PATH``."""
+    fn = click.option("-o", "--output", "output_path", metavar="PATH", type=click.Path(dir_okay=False),
+                      help="also write the JSON to PATH (the table is still printed)")(fn)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="print strict JSON on stdout instead of the table")(fn)
+
+
+def case_options(suites: Sequence[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The problems of ``bench`` and ``tune``: operators with shapes, or a suite."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        options = [
+            click.argument("ops", nargs=-1, metavar="[OP]...", callback=_operators),
+            click.option("--shape", "shapes", multiple=True, type=Shapes(),
+                         help="operand shapes, one per operand (repeatable: a case each)"),
+            click.option("--dtype", type=click.Choice(FLOAT_ORDER), default="float32", help="the operands' dtype"),
+            click.option("--attr", "attrs", multiple=True, type=Attr(),
+                         help="an operator attribute, e.g. padding=1 or stride=[2,1] (repeatable)"),
+            click.option("--device", "devices", multiple=True, metavar="NAME",
+                         help="device, e.g. cpu or cuda:0 (repeatable)  [default: the configured default]"),
+            click.option("--suite", type=click.Choice(suites), default="demo",
+                         help="the operators' bench shapes to run when no OP is given"),
+        ]
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return wrap
+
+
+def _devices(names: Sequence[str]) -> list[opr.Device]:
+    reg = registry()
+    return [reg.device(d) for d in names] if names else [reg.devices[0]]
+
+
+def _cases(ops: Sequence[str], shapes: Sequence[tuple], dtype: str, attrs: Sequence[tuple[str, Any]],
+           suite: str) -> list[bench.Case]:
+    if not ops:
+        return bench.SUITES[suite]
+    if not shapes:
+        raise click.UsageError("give --shape with an operator, e.g. --shape 1024x1024,1024x1024")
+    return [bench.make_case(op, s, dtype, dict(attrs)) for op in ops for s in shapes]
+
+
+# -- the command ------------------------------------------------------------------------------------
+@click.group(context_settings=CONTEXT)
+@click.version_option(opr.__version__, "-V", "--version", prog_name="opruntime", message="%(prog)s %(version)s")
+@click.option("--debug", is_flag=True, help="show the traceback of an error instead of one line")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """opruntime: a pluggable multi-backend operator runtime.
+
+    \b
+    Examples:
+      opruntime info
+      opruntime explain matmul --shape 1024x1024,1024x1024
+      opruntime bench softmax --shape 4096x4096 --repeats 5
+      python -m opruntime info --json
+    """
+    ctx.ensure_object(dict)["debug"] = debug
+
+
+@cli.command(context_settings=CONTEXT)
+@json_options
+def info(as_json: bool, output_path: str | None) -> None:
+    """Plugins, devices (or why none), operators, kernels, caches and settings.
+
+    \b
+    Examples:
+      opruntime info
+      opruntime info --json | python -c "import json, sys; print(json.load(sys.stdin)['devices'])"
+    """
     reg = registry()
     s = settings()
     data = {
@@ -37,234 +179,370 @@ def cmd_info(args: argparse.Namespace) -> int:
         "unavailable": reg.unavailable,
         "operators": [{"name": op.name, "operands": list(op.operands), "attributes": list(op.attributes),
                        "bound": op.bound, "suites": list(op.bench), "peers": list(op.peers)} for op in OPS.values()],
-        "caches": [{"name": c.name, "size": len(c), "capacity": c.capacity}
+        "kernels": [{"name": k.name, "op": k.op, "device_kind": k.device_kind, "dtypes": sorted(k.dtypes)}
+                    for k in reg.kernels.values()],
+        "caches": [{"name": c.name, "entries": len(c), "capacity": c.capacity}
                    for c in sorted(CACHES, key=lambda c: c.name)],
-        "settings": {k: (v if not isinstance(v, tuple) else list(v)) for k, v in s.content()},
+        "settings": {k: dict(v) if k == "ops" and v else v for k, v in s.content()},
         "settings_origin": dict(s.origin),
     }
-    if args.json:
-        print(json.dumps(data, indent=1, default=str))
-        return 0
-    print(f"opruntime {opr.__version__}\n\nplugins:")
-    for r in reg.records.values():
-        extra = f"{len(r.devices)} device(s), {r.kernels} kernel(s)" if r.status == "ok" else r.reason
-        print(f"  {r.name:<8} {r.version or '-':<12} {r.status:<12} {extra}")
-    print("\ndevices (best first; the first is the default):")
-    for d in data["devices"]:
-        print(f"  {d['name']:<12} {d['description']}")
-        facts = [f"{k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in d.items()
-                 if k not in ("name", "kind", "description", "priority") and v not in ([], "", None)]
-        for fact in facts:
-            print(f"  {'':<12}   {fact if len(fact) <= 96 else fact[:93] + '...'}")
-    for kind, reason in reg.unavailable.items():
-        print(f"  {kind + ':*':<12} unavailable: {reason}")
-    print("\noperators:")
-    for o in data["operators"]:
-        signature = f"{o['name']}({', '.join(o['operands'] + o['attributes'])})"
-        print(f"  {signature:<56} {o['bound'] + '-bound':<14} peers: {', '.join(o['peers']) or '-'}")
-    print("\nkernels:")
-    for k in reg.kernels.values():
-        print(f"  {k.name:<40} {k.op:<12} {k.device_kind:<8} {','.join(sorted(k.dtypes))}")
-    print("\ncaches (entries / capacity):")
-    for c in data["caches"]:
-        print(f"  {c['name']:<40} {c['size']}/{c['capacity']}")
-    print(f"\nsettings: {s!r}")
-    return 0
+
+    def show() -> None:
+        plugins = [[r.name, r.version or "-", r.status,
+                    f"{len(r.devices)} device(s), {r.kernels} kernel(s)" if r.status == "ok" else r.reason]
+                   for r in reg.records.values()]
+        devices = [[d["name"], "\n".join([d["description"], *_facts(d)])] for d in data["devices"]]
+        devices += [[f"{kind}:*", f"unavailable: {reason}"] for kind, reason in reg.unavailable.items()]
+        operators = [[f"{o['name']}({', '.join(o['operands'] + o['attributes'])})", o["bound"],
+                      ", ".join(o["peers"]) or "-"] for o in data["operators"]]
+        kernels = [[k["name"], k["device_kind"], ", ".join(k["dtypes"])] for k in data["kernels"]]
+        caches = [[c["name"], c["entries"], c["capacity"]] for c in data["caches"]]
+        values = [[k, _setting(v), s.origin.get(k, "default")] for k, v in s.content()]
+        output.show(f"opruntime {opr.__version__}",
+                    "\nplugins:", output.table(["plugin", "version", "status", "what"], plugins),
+                    "\ndevices (best first; the first is the default):", output.table(["device", "what"], devices),
+                    "\noperators:", output.table(["operator", "bound", "peers"], operators),
+                    "\nkernels (<plugin>.<operator>.<variant>):", output.table(["kernel", "device", "dtypes"], kernels),
+                    "\ncaches:", output.table(["cache", "entries", "capacity"], caches, right=["entries", "capacity"]),
+                    "\nsettings:", output.table(["setting", "value", "set by"], values))
+
+    output.emit(data, as_json=as_json, output=output_path, show=show)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.plot:
+def _facts(device: dict[str, Any]) -> list[str]:
+    """A device's ``info()`` as ``key: value`` lines."""
+    return [f"{k}: {', '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in device.items()
+            if k not in ("name", "kind", "description", "priority") and v not in ([], "", None)]
+
+
+def _setting(value: Any) -> str:
+    """A setting's value for the table: lists comma-separated, unset as ``-``."""
+    if value in ((), None, ""):
+        return "-"
+    if isinstance(value, tuple):
+        return ", ".join(_setting(v) for v in value)
+    return str(value)
+
+
+@cli.command("bench", context_settings=CONTEXT)
+@case_options(sorted([*bench.SUITES, models.SUITE]))
+@click.option("--repeats", type=click.IntRange(min=1), default=15, help="timed rounds per case")
+@click.option("--kernels", is_flag=True, help="also time every candidate kernel directly (61 rounds at least)")
+@click.option("--quick", is_flag=True, help=f"with --suite {models.SUITE}: small models (a check that it runs)")
+@click.option("--peers", callback=_peers, metavar="LIST",
+              help=f"comma-separated peers to time ({', '.join(LIBRARIES)}), or none  [default: all installed]")
+@click.option("--plot", "plot_path", metavar="PATH", type=click.Path(dir_okay=False),
+              help="also draw bars per operator and a roofline per device (png, svg or pdf; needs matplotlib)")
+@json_options
+def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple, devices: tuple[str, ...],
+                  suite: str, repeats: int, kernels: bool, quick: bool, peers: list[str] | None,
+                  plot_path: str | None, as_json: bool, output_path: str | None) -> None:
+    """Time operators, each candidate kernel and the peers on the same inputs.
+
+    Each time is the median of --repeats rounds, with its p10-p90 spread; a noisy figure is
+    flagged with "!". The exit status is 1 when a case failed.
+
+    \b
+    Examples:
+      opruntime bench                                  # the demo suite on the default device
+      opruntime bench matmul --shape 1024x1024,1024x1024 --kernels
+      opruntime bench conv2d --shape 8x64x56x56,64x64x3x3 --attr padding=1 --device cpu
+      opruntime bench softmax --shape 4096x4096 --peers numpy,torch --json > softmax.json
+      opruntime bench --suite gpu --device cuda:0 -o gpu.json --plot gpu.svg
+    """
+    if plot_path:
         plot.require_matplotlib()  # before the benchmark, not after it
-    reg = registry()
-    devices = [reg.device(d) for d in args.device] if args.device else [reg.devices[0]]
-    wanted = args.peers.split(",") if args.peers else None
+    targets = _devices(devices)
     results = []
-    if not args.op and args.suite == models.SUITE:  # whole models, not operators' cases
-        total = models.count(devices, args.quick)
+    if not ops and suite == models.SUITE:  # whole models, not operators' cases
+        total = models.count(targets, quick)
         with Progress(total, "bench") as progress:
-            results = models.run_suite(devices, quick=args.quick, repeats=args.repeats, peers=wanted,
-                                       progress=progress.update)
-            progress.update(total)
+            results = models.run_suite(targets, quick=quick, repeats=repeats, peers=peers, progress=progress.update)
     else:
-        cases = _cases(args)
-        total = len(cases) * len(devices)
-        with Progress(total, "bench") as progress:
-            for i, (dev, case) in enumerate((d, c) for d in devices for c in cases):
+        cases = _cases(ops, shapes, dtype, attrs, suite)
+        with Progress(len(cases) * len(targets), "bench") as progress:
+            for i, (dev, case) in enumerate((d, c) for d in targets for c in cases):
                 progress.update(i, f"{case.op} {case.label} {case.dtype} on {dev.name}")
-                results.append(bench.run_case(case, dev, repeats=args.repeats, kernels=args.kernels, peers=wanted))
-            progress.update(total)
-    if args.json != "-":  # with --json -, stdout is the JSON alone
-        print(bench.format_table(results))
+                results.append(bench.run_case(case, dev, repeats=repeats, kernels=kernels, peers=peers))
     roofs: dict[str, dict] = {}
-    if args.plot:
-        with Progress(len(devices), "roofline") as progress:
-            for i, dev in enumerate(devices):
+    if plot_path:
+        with Progress(len(targets), "roofline") as progress:
+            for i, dev in enumerate(targets):
                 progress.update(i, f"the roofline of {dev.name}")
                 roofs[dev.name] = plot.roofline_figures(dev, sorted({r.dtype for r in results if r.device == dev.name}))
-        plot.plot(results, args.plot, roofs)
-        print(f"wrote {args.plot}", file=sys.stderr)
-    if args.json:
-        bench.to_json(results, args.json, devices, {"roofline": roofs} if roofs else None)
-        if args.json != "-":
-            print(f"wrote {args.json}", file=sys.stderr)
-    return 1 if any(r.error for r in results) else 0
+        plot.plot(results, plot_path, roofs)
+        print(f"wrote {plot_path}", file=sys.stderr)
+    data = bench.document(results, targets, {"roofline": roofs} if roofs else None)
+    output.emit(data, as_json=as_json, output=output_path,
+                show=lambda: output.show(bench.table(results), *bench.legend(results)))
+    if any(r.error for r in results):
+        raise click.exceptions.Exit(1)
 
 
-def _cases(args: argparse.Namespace) -> list[bench.Case]:
-    if args.op:
-        if not args.shape:
-            raise SystemExit(f"{args.command}: give --shape for each operator (e.g. --shape 1024x1024,1024x1024)")
-        return [bench.parse_case(op, shape, args.dtype, args.attr) for op in args.op for shape in args.shape]
-    return bench.SUITES[args.suite]
+@cli.command(context_settings=CONTEXT)
+@case_options(sorted(bench.SUITES))
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="seconds per problem  [default: the tune_budget setting]")
+@click.option("--force", is_flag=True, help="tune again even when the cache has a result")
+@json_options
+def tune(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple, devices: tuple[str, ...], suite: str,
+         budget: float | None, force: bool, as_json: bool, output_path: str | None) -> None:
+    """Autotune problems into the persistent tuning cache; a table of the winners.
 
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    reg = registry()
-    devices = [reg.device(d) for d in args.device] if args.device else [reg.devices[0]]
+    \b
+    Examples:
+      opruntime tune                                   # the demo suite
+      opruntime tune conv2d --shape 8x64x56x56,64x64x3x3 --attr padding=1 --budget 10
+      opruntime tune --suite gpu --device cuda:0 --force --json
+    """
     overrides: dict[str, object] = {"tune": "autotune"}
-    if args.budget:
-        overrides["tune_budget"] = args.budget
+    if budget:
+        overrides["tune_budget"] = budget
     rows = []
+    cases = _cases(ops, shapes, dtype, attrs, suite)
     with config.override(**overrides) as s:
-        for dev in devices:
-            for case in _cases(args):
-                op = OPS[case.op]
-                datas = [t.data for t in bench.random_tensors(case, dev)]
-                problem = op.problem(datas, dev, dict(case.attrs))[0]
-                if args.force:
-                    cache.tuning_cache().delete(tuning.device_key(dev), tuning.problem_key(problem, s.bucket_for(case.op)))
-                t0 = time.perf_counter()
-                with Progress(0, f"{case.op} {case.label} {case.dtype} on {dev.name}") as progress:
-                    tuning.reporter = progress.candidate
-                    try:
-                        order, _, why = selector.rank(problem, dev, s)
-                    finally:
-                        tuning.reporter = None
-                best = order[0]
-                vendor = [c.measured for c in order if c.kernel.vendor and c.measured and math.isfinite(c.measured)]
-                rows.append([case.op, case.label, case.dtype, dev.name, best.label,
-                             f"{best.measured * 1e6:.1f} us" if best.measured else "-",
-                             f"{min(vendor) / best.measured:.2f}x" if vendor and best.measured else "-",
-                             why.split(" (")[0], f"{time.perf_counter() - t0:.2f} s"])
+        for dev in _devices(devices):
+            for case in cases:
+                rows.append(_tune_one(case, dev, s, force))
     head = ["op", "problem", "dtype", "device", "winner", "time", "vs vendor", "how", "tuning"]
-    if args.json:
-        print(json.dumps([dict(zip(head, r)) for r in rows], indent=1))
-        return 0
-    _table(head, rows)
-    print(f"(cache: {cache.tuning_cache().path}; vs vendor = vendor time / winner time)")
-    return 0
+
+    def show() -> None:
+        lines = [[r["op"], r["problem"], r["dtype"], r["device"], r["winner"], seconds(r["time_s"]),
+                  f"{r['vs_vendor']:.2f}x" if r["vs_vendor"] else "-", r["how"], seconds(r["tuning_s"])]
+                 for r in rows]
+        output.show(output.table(head, lines, right=["time", "vs vendor", "tuning"]),
+                    f"(cache: {cache.tuning_cache().path}; vs vendor = the vendor library's time / the winner's)")
+
+    output.emit(rows, as_json=as_json, output=output_path, show=show)
 
 
-def cmd_cache(args: argparse.Namespace) -> int:
+def _tune_one(case: bench.Case, dev: opr.Device, s: config.Settings, force: bool) -> dict[str, Any]:
+    """Tune one case on one device: a row of ``tune``'s table (times in seconds)."""
+    op = OPS[case.op]
+    datas = [t.data for t in bench.random_tensors(case, dev)]
+    problem = op.problem(datas, dev, dict(case.attrs))[0]
+    if force:
+        cache.tuning_cache().delete(tuning.device_key(dev), tuning.problem_key(problem, s.bucket_for(case.op)))
+    t0 = time.perf_counter()
+    with Progress(0, f"{case.op} {case.label} {case.dtype} on {dev.name}") as progress:
+        tuning.reporter = progress.candidate
+        try:
+            order, _, why = selector.rank(problem, dev, s)
+        finally:
+            tuning.reporter = None
+    best = order[0]
+    vendor = [c.measured for c in order if c.kernel.vendor and c.measured and math.isfinite(c.measured)]
+    return {"op": case.op, "problem": case.label, "dtype": case.dtype, "device": dev.name, "winner": best.label,
+            "time_s": best.measured, "vendor_time_s": min(vendor) if vendor else None,
+            "vs_vendor": min(vendor) / best.measured if vendor and best.measured else None,
+            "how": why.split(" (")[0], "tuning_s": time.perf_counter() - t0}
+
+
+@cli.group(context_settings=CONTEXT)
+def cache_group() -> None:
+    """The persistent tuning cache: path, list, export PATH, import PATH, clear.
+
+    \b
+    Examples:
+      opruntime cache list
+      opruntime cache export tuned.json && opruntime cache import tuned.json
+    """
+
+
+@cache_group.command("path", context_settings=CONTEXT)
+@json_options
+def cache_path(as_json: bool, output_path: str | None) -> None:
+    """The cache file's path.
+
+    \b
+    Example:
+      opruntime cache path
+    """
+    path = str(cache.tuning_cache().path)
+    output.emit({"path": path}, as_json=as_json, output=output_path, show=lambda: print(path))
+
+
+@cache_group.command("list", context_settings=CONTEXT)
+@json_options
+def cache_list(as_json: bool, output_path: str | None) -> None:
+    """The tuned problems: operator, shapes, dtypes, attributes, device, winner and its time.
+
+    The raw cache keys are in the JSON only (``key``).
+
+    \b
+    Examples:
+      opruntime cache list
+      opruntime cache list --json
+    """
     store = cache.tuning_cache()
-    if args.action == "path":
-        print(store.path)
-    elif args.action == "list":
-        rows = [[e.device_name, e.problem, e.kernel, f"{e.time_s * 1e6:.1f} us",
-                 f"{e.vendor_time / e.time_s:.2f}x" if e.vendor_time else "-",
-                 time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created))]
-                for e in store.entries()]
-        if args.json:
-            print(json.dumps([vars(e) for e in store.entries()], indent=1))
-        else:
-            _table(["device", "problem", "kernel", "time", "vs vendor", "tuned"], rows)
-            print(f"({len(rows)} entries in {store.path})")
-    elif args.action == "export":
-        print(f"exported {store.export(args.path)} entries to {args.path}")
-    elif args.action == "import":
-        print(f"imported {store.import_(args.path)} entries from {args.path}")
-    elif args.action == "clear":
-        print(f"removed {store.clear()} entries from {store.path}")
-    return 0
+    entries = [_entry(e) for e in store.entries()]
+
+    def show() -> None:
+        rows = [[e["device_name"], e["op"], e["shapes_text"], ",".join(e["dtypes"]), e["attrs_text"], e["winner"],
+                 seconds(e["time_s"]), f"{e['vendor_time_s'] / e['time_s']:.2f}x" if e["vendor_time_s"] else "-",
+                 time.strftime("%Y-%m-%d %H:%M", time.localtime(e["created"]))] for e in entries]
+        output.show(output.table(["device", "op", "shapes", "dtypes", "attrs", "winner", "time", "vs vendor", "tuned"],
+                                 rows, right=["time", "vs vendor"]),
+                    f"({len(rows)} entries in {store.path})")
+
+    output.emit([{k: v for k, v in e.items() if not k.endswith("_text")} for e in entries],
+                as_json=as_json, output=output_path, show=show)
 
 
-def _table(head: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)] if rows else [len(h) for h in head]
-    for cells in [head, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip())
+def _entry(e: cache.Entry) -> dict[str, Any]:
+    """A cache entry as readable fields (the raw ``key`` kept for the JSON)."""
+    fields = problem_fields(e.problem)
+    cfg = ",".join(f"{k}={v}" for k, v in e.config.items())
+    shapes = fields.get("shapes")
+    return {"device_name": e.device_name, **fields, "winner": f"{e.kernel}[{cfg}]" if cfg else e.kernel,
+            "kernel": e.kernel, "config": e.config, "time_s": e.time_s, "vendor_time_s": e.vendor_time,
+            "created": e.created, "candidates": e.candidates, "device": e.device, "key": e.problem,
+            "shapes_text": " x ".join("x".join(map(str, s)) or "scalar" for s in shapes) if shapes else e.problem,
+            "attrs_text": ", ".join(f"{k}={v}" for k, v in fields.get("attrs", {}).items()) or "-"}
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    case = bench.parse_case(args.op, args.shape, args.dtype, args.attr)
-    arrays = [np.random.default_rng(0).standard_normal(s).astype(args.dtype) for s in case.shapes]
-    ex = opr.explain(args.op, *arrays, device=args.device, **case.attrs)
-    if args.json:
-        print(json.dumps({"problem": str(ex.problem), "device": ex.device, "chosen": ex.chosen, "why": ex.why,
-                          "cached": ex.cached,
-                          "candidates": [{"label": c.label, "kernel": c.kernel.name, "config": dict(c.config),
-                                          "estimate_s": _finite(c.cost), "measured_s": _finite(c.measured),
-                                          "status": c.status} for c in ex.candidates]}, indent=1, default=str))
-        return 0
-    print(ex)
-    return 0
-
-
-def _finite(x: float | None) -> float | None:
-    """A number for JSON: inf and NaN (not JSON) become null."""
-    return x if x is not None and math.isfinite(x) else None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opruntime", description="opruntime: a pluggable multi-backend operator runtime")
-    sub = p.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="plugins, devices (or why none), operators, kernels, caches, settings")
-    info.add_argument("--json", action="store_true", help="print JSON")
-    info.set_defaults(fn=cmd_info)
-
-    suites = sorted(bench.SUITES)
-    b = sub.add_parser("bench", help="time operators, kernels and peers (" + ", ".join(LIBRARIES) + ")")
-    b.add_argument("op", nargs="*", help="operators (default: the --suite)")
-    b.add_argument("--shape", action="append", help="operand shapes, e.g. 1024x1024,1024x1024 (repeatable)")
-    b.add_argument("--dtype", default="float32")
-    b.add_argument("--attr", action="append", default=[], help="an attribute, e.g. padding=1 or stride=[2,1]")
-    b.add_argument("--device", action="append", help="device (repeatable; default: the configured default)")
-    b.add_argument("--suite", default="demo", choices=sorted([*suites, models.SUITE]),
-                   help=f"operators' bench shapes, or {models.SUITE!r}: whole models (opruntime.tools.models)")
-    b.add_argument("--repeats", type=int, default=15)
-    b.add_argument("--kernels", action="store_true", help="also time every candidate kernel directly")
-    b.add_argument("--quick", action="store_true", help=f"--suite {models.SUITE}: small models (a check that it runs)")
-    b.add_argument("--peers", help="comma-separated peers to time (default: all installed)")
-    b.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-': print it instead of the table)")
-    b.add_argument("--plot", metavar="PATH", help="also draw bars per operator and a roofline per device "
-                   "(png, svg or pdf; needs matplotlib)")
-    b.set_defaults(fn=cmd_bench)
-
-    t = sub.add_parser("tune", help="autotune problems into the persistent cache; a table of winners")
-    t.add_argument("op", nargs="*", help="operators (default: the --suite)")
-    t.add_argument("--shape", action="append")
-    t.add_argument("--dtype", default="float32")
-    t.add_argument("--attr", action="append", default=[])
-    t.add_argument("--device", action="append")
-    t.add_argument("--suite", default="demo", choices=suites)
-    t.add_argument("--budget", type=float, help="seconds per problem (default: the tune_budget setting)")
-    t.add_argument("--force", action="store_true", help="tune again even when the cache has a result")
-    t.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    t.set_defaults(fn=cmd_tune)
-
-    c = sub.add_parser("cache", help="the tuning cache: path | list | export PATH | import PATH | clear")
-    c.add_argument("action", choices=["path", "list", "export", "import", "clear"])
-    c.add_argument("path", nargs="?")
-    c.add_argument("--json", action="store_true")
-    c.set_defaults(fn=cmd_cache)
-
-    e = sub.add_parser("explain", help="which kernel a call would run, the candidates and why")
-    e.add_argument("op")
-    e.add_argument("--shape", required=True)
-    e.add_argument("--dtype", default="float32")
-    e.add_argument("--attr", action="append", default=[])
-    e.add_argument("--device")
-    e.add_argument("--json", action="store_true", help="print JSON")
-    e.set_defaults(fn=cmd_explain)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def problem_fields(key: str) -> dict[str, Any]:
+    """What a tuning-cache problem key (``opruntime.tuning.problem_key``) says: ``op``,
+    ``shapes``, ``dtypes``, ``attrs``, ``bucket`` (exact or pow2: shapes rounded up) and
+    ``layout``; only ``op`` when the key cannot be read."""
+    op, _, rest = key.partition("|")
     try:
-        return args.fn(args)
+        shapes_text, dtypes, layout, attrs = rest.split("|", 3)
+        bucket = "pow2" if shapes_text.startswith("pow2") else "exact"
+        shapes = ast.literal_eval(shapes_text.removeprefix("pow2"))
+        if bucket == "exact":
+            strides = ast.literal_eval(layout)
+            strided = any(st is not None and tuple(st) != c_strides(sh) for sh, st in zip(shapes, strides))
+        else:
+            strided = "s" in layout.split(",")
+        return {"op": op, "shapes": [list(s) for s in shapes], "dtypes": dtypes.split(","),
+                "attrs": dict(ast.literal_eval(attrs)), "bucket": bucket,
+                "layout": "strided" if strided else "contiguous"}
+    except (ValueError, SyntaxError, TypeError):
+        return {"op": op}
+
+
+@cache_group.command("export", context_settings=CONTEXT)
+@click.argument("path", type=click.Path(dir_okay=False))
+@json_options
+def cache_export(path: str, as_json: bool, output_path: str | None) -> None:
+    """Write every entry to PATH (JSON), for `cache import` on another machine.
+
+    \b
+    Example:
+      opruntime cache export tuned.json
+    """
+    n = cache.tuning_cache().export(path)
+    output.emit({"exported": n, "path": path}, as_json=as_json, output=output_path,
+                show=lambda: print(f"exported {n} entries to {path}"))
+
+
+@cache_group.command("import", context_settings=CONTEXT)
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@json_options
+def cache_import(path: str, as_json: bool, output_path: str | None) -> None:
+    """Add the entries of an export (newer entries win); a bad file imports nothing.
+
+    \b
+    Example:
+      opruntime cache import tuned.json
+    """
+    n = cache.tuning_cache().import_(path)
+    output.emit({"imported": n, "path": path}, as_json=as_json, output=output_path,
+                show=lambda: print(f"imported {n} entries from {path}"))
+
+
+@cache_group.command("clear", context_settings=CONTEXT)
+@json_options
+def cache_clear(as_json: bool, output_path: str | None) -> None:
+    """Remove every entry.
+
+    \b
+    Example:
+      opruntime cache clear
+    """
+    store = cache.tuning_cache()
+    n = store.clear()
+    output.emit({"removed": n, "path": str(store.path)}, as_json=as_json, output=output_path,
+                show=lambda: print(f"removed {n} entries from {store.path}"))
+
+
+cli.add_command(cache_group, "cache")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("op", callback=_operators)
+@click.option("--shape", required=True, type=Shapes(), help="operand shapes, one per operand")
+@click.option("--dtype", type=click.Choice(FLOAT_ORDER), default="float32", help="the operands' dtype")
+@click.option("--attr", "attrs", multiple=True, type=Attr(), help="an operator attribute, e.g. axis=0 (repeatable)")
+@click.option("--device", metavar="NAME", help="device, e.g. cpu or cuda:0  [default: the configured default]")
+@json_options
+def explain(op: str, shape: tuple, dtype: str, attrs: tuple, device: str | None, as_json: bool,
+            output_path: str | None) -> None:
+    """Which kernel a call would run, the candidates and why.
+
+    \b
+    Examples:
+      opruntime explain matmul --shape 1024x1024,1024x1024
+      opruntime explain softmax --shape 8x4096 --attr axis=0 --device cpu --json
+    """
+    case = bench.make_case(op, shape, dtype, dict(attrs))
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np_dtype(dtype)) for s in case.shapes]
+    ex = opr.explain(op, *arrays, device=device, **case.attrs)
+    data = {"problem": str(ex.problem), "device": ex.device, "chosen": ex.chosen, "why": ex.why, "cached": ex.cached,
+            "candidates": [{"label": c.label, "kernel": c.kernel.name, "config": dict(c.config), "estimate_s": c.cost,
+                            "measured_s": c.measured, "status": c.status} for c in ex.candidates]}
+    output.emit(data, as_json=as_json, output=output_path, show=lambda: print(ex))
+
+
+# -- running it --------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command on ``argv`` (default: ``sys.argv[1:]``); returns the exit status: 0, 1
+    when a benchmark case failed, 2 for a user's mistake (one line on stderr)."""
+    state: dict[str, Any] = {"debug": False}
+    try:
+        try:
+            cli.main(args=list(argv) if argv is not None else None, prog_name="opruntime", standalone_mode=False,
+                     obj=state)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+    except BrokenPipeError:
+        # the reader went away (`opruntime info | head -1`): the Python docs' recipe, so that the
+        # interpreter's last flush of stdout does not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.exceptions.Abort:
+        print("opruntime: interrupted", file=sys.stderr)
+        return 130
+    except click.ClickException as exc:
+        return _fail(exc.format_message(), exc, state, _usage_hint(exc))
     except OpRuntimeError as exc:
-        print(f"opruntime: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"{type(exc).__name__}: {exc}", exc, state)
+    except SystemExit as exc:  # a tool's own refusal, e.g. --plot without matplotlib
+        if isinstance(exc.code, str):
+            return _fail(exc.code, exc, state)
+        raise
+    return 0
+
+
+def _usage_hint(exc: click.ClickException) -> str:
+    ctx = getattr(exc, "ctx", None)
+    return f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+
+
+def _fail(message: str, exc: BaseException, state: dict[str, Any], hint: str = "") -> int:
+    """A user's mistake: one line on stderr and exit status 2 (the traceback with ``--debug``)."""
+    if state.get("debug"):
+        import traceback
+
+        traceback.print_exception(exc)
+    one_line = " ".join(message.split())
+    print(f"opruntime: {one_line}{hint}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

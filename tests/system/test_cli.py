@@ -1,6 +1,7 @@
-"""The ``opruntime`` command (``opruntime.tools.cli``): what ``info`` lists, the bench reading its
-suites, units and peers from the operators, and progress that never writes a carriage return into
-a pipe."""
+"""The ``opruntime`` command (``opruntime.tools.cli``, on click): its entry points and help, one
+line and exit status 2 for a user's mistake, strict JSON in SI units from every command, tables
+readable at 100 columns, quiet broken pipes, progress silent off a terminal; and the bench
+reading its suites, units and peers from the operators."""
 
 from __future__ import annotations
 
@@ -9,34 +10,265 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
+import click
 import numpy as np
 import pytest
 
 import opruntime as opr
+from opruntime.errors import NoKernelError, ShapeError
 from opruntime.lru import CACHES
 from opruntime.ops import OPS
 from opruntime.ops.base import Case
-from opruntime.tools import bench, peers
-from opruntime.tools.cli import main
+from opruntime.tools import bench, output, peers
+from opruntime.tools.cli import cli, main, problem_fields
 from opruntime.tools.progress import Progress
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_info_lists_the_operators_and_the_bounded_caches(capsys: pytest.CaptureFixture[str]) -> None:
+
+def strict_json(text: str) -> object:
+    """``json.loads`` that fails on NaN and infinities (not JSON)."""
+    def fail(constant: str) -> None:
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=fail)
+
+
+def run(*args: str, tmp_path: Path, shell: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m opruntime ARGS`` in a child process (or ``shell`` with ``{opr}`` for the command)."""
+    env = {**os.environ, "OPRUNTIME_CACHE_DIR": str(tmp_path / "c"), "OPRUNTIME_PLUGINS": "numpy",
+           "PYTHONPATH": str(ROOT)}
+    if shell is not None:
+        return subprocess.run(["bash", "-c", shell.format(opr=f"{sys.executable} -m opruntime")], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=300)
+    return subprocess.run([sys.executable, "-m", "opruntime", *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+
+
+# -- entry points, help ----------------------------------------------------------------------------
+def test_version_and_python_dash_m(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"opruntime {opr.__version__}\n"
+    helped = run("--help", tmp_path=tmp_path)
+    assert helped.returncode == 0 and helped.stderr == ""
+    assert all(name in helped.stdout for name in ("info", "bench", "tune", "cache", "explain", "--version"))
+
+
+def test_importing_the_entry_module_loads_no_tool() -> None:
+    code = "import sys, opruntime.__main__; print(any(m.startswith('opruntime.tools') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def _commands(group: click.Group, path: str = "opruntime") -> list[tuple[str, click.Command]]:
+    out = []
+    for name, command in group.commands.items():
+        out.append((f"{path} {name}", command))
+        if isinstance(command, click.Group):
+            out += _commands(command, f"{path} {name}")
+    return out
+
+
+def test_every_option_has_help_and_every_command_an_example() -> None:
+    for path, command in _commands(cli):
+        assert "Example" in (command.help or ""), f"{path}: no example in its help"
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert param.help, f"{path} {param.opts[0]}: no help text"
+    text = cli.commands["bench"].get_help(click.Context(cli.commands["bench"], info_name="bench"))
+    assert "[default: 15; x>=1]" in text and "[default: float32]" in text  # defaults shown
+
+
+# -- user errors: one line, status 2 ------------------------------------------------------------------
+@pytest.mark.parametrize(("args", "says"), [
+    (["explain", "softmax", "--shape", "3x4", "--attr", "axsi=0"], "UnknownAttributeError: softmax() got"),
+    (["cache", "export"], "Missing argument 'PATH'"),
+    (["cache", "import", "missing.json"], "does not exist"),
+    (["cache", "import", "bad.json"], "CacheError: cannot import"),
+    (["bench", "softmax", "--shape", "8x16", "--repeats", "0"], "--repeats"),
+    (["bench", "softmx", "--shape", "8x16"], "did you mean 'softmax'?"),
+    (["bench", "softmax", "--shape", "8xq"], "bad shape '8xq'"),
+    (["bench", "softmax"], "give --shape"),
+    (["bench", "softmax", "--shape", "8x16", "--peers", "nope"], "unknown peer(s) nope"),
+    (["tune", "softmax", "--shape", "3x3,3x3"], "softmax takes x: give 1 to 1"),
+    (["tune", "softmax", "--shape", "3x3", "--budget", "0"], "--budget"),
+    (["explain", "softmax", "--shape", "3x4", "--device", "nowhere:0"], "UnknownDeviceError"),
+    (["explain", "softmax", "--shape", "3x4", "--attr", "axis"], "write name=value"),
+    (["info", "--nope"], "No such option: --nope"),
+])
+def test_user_errors_are_one_line_and_status_2(args: list[str], says: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("opruntime: ") and captured.err.count("\n") == 1, captured.err
+    assert says in captured.err and "Traceback" not in captured.err
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    plain = run("explain", "softmax", "--shape", "3x4", "--attr", "axsi=0", tmp_path=tmp_path)
+    assert plain.returncode == 2 and plain.stderr.count("\n") == 1 and "Traceback" not in plain.stderr
+    debug = run("--debug", "explain", "softmax", "--shape", "3x4", "--attr", "axsi=0", tmp_path=tmp_path)
+    assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.rstrip().splitlines()[-1] == plain.stderr.rstrip()
+
+
+def test_a_reader_that_stops_early_ends_it_quietly(tmp_path: Path) -> None:
+    first = run(tmp_path=tmp_path, shell="{opr} info 2>err.txt | head -1")
+    assert first.stdout == f"opruntime {opr.__version__}\n"
+    # head -n 0 exits before the command writes: every write meets a closed pipe
+    for command in ("info", "bench softmax --shape 8x16 --repeats 3 --peers none"):
+        closed = run(tmp_path=tmp_path, shell=f"{{opr}} {command} 2>err.txt | head -n 0; echo ${{PIPESTATUS[0]}}")
+        assert closed.stdout.strip() == "1", closed.stdout  # the Python docs' recipe: status 1, nothing said
+        assert (tmp_path / "err.txt").read_text() == ""
+
+
+# -- one JSON convention, strict, SI units -------------------------------------------------------------
+def test_info_lists_the_operators_caches_and_settings(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    data = strict_json(capsys.readouterr().out)
     assert [o["name"] for o in data["operators"]] == list(OPS)
     matmul = next(o for o in data["operators"] if o["name"] == "matmul")
     assert matmul["operands"] == ["a", "b"] and matmul["bound"] == "compute" and "numpy" in matmul["peers"]
     caches = {c["name"]: c for c in data["caches"]}
-    assert set(caches) == {c.name for c in CACHES} and "plans" in caches
-    assert caches["plans"]["capacity"] > 0 and caches["plans"]["size"] >= 0
+    assert set(caches) == {c.name for c in CACHES} and caches["plans"]["capacity"] > 0
+    assert data["settings"]["tune_budget"] == opr.settings().tune_budget and "tune_budget" in data["settings"]
     assert main(["info"]) == 0
     text = capsys.readouterr().out
-    assert "\noperators:\n" in text and "matmul(a, b)" in text and "\ncaches (entries / capacity):\n" in text
+    assert "\noperators:\n" in text and "matmul(a, b)" in text and "\ncaches:\n" in text
+    assert "Settings(" not in text  # a table, not the repr
+    settings_rows = text.split("\nsettings:\n", 1)[1].splitlines()
+    assert settings_rows[0].split() == ["setting", "value", "set", "by"]
+    assert any(row.split()[:2] == ["tune_budget", str(opr.settings().tune_budget)] for row in settings_rows)
 
 
+def test_json_flag_and_output_file_on_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "explain.json"
+    assert main(["explain", "conv2d", "--shape", "1x3x8x8,4x3x3x3", "--attr", "padding=1", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "chosen" in captured.out.lower() and captured.err == f"wrote {out}\n"  # the table still printed
+    from_file = strict_json(out.read_text())
+    assert main(["explain", "conv2d", "--shape", "1x3x8x8,4x3x3x3", "--attr", "padding=1", "--json"]) == 0
+    assert strict_json(capsys.readouterr().out) == from_file
+    assert from_file["chosen"] in {c["label"] for c in from_file["candidates"]}
+    for args in (["cache", "path"], ["cache", "list"], ["cache", "clear"]):
+        assert main([*args, "--json"]) == 0
+        assert isinstance(strict_json(capsys.readouterr().out), (dict, list))
+
+
+def test_bench_json_is_strict_and_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "matmul", "--shape", "33x17,17x9", "--device", "cpu", "--repeats", "3",
+                 "--peers", "numpy", "--json"]) == 0
+    data = strict_json(capsys.readouterr().out)  # stdout is the JSON alone
+    (r,) = data["results"]
+    assert r["flops"] == 2 * 33 * 17 * 9 and isinstance(r["bytes"], int) and r["bytes"] > 0
+    assert isinstance(r["time_s"], float) and r["time_s"] > 0 and r["overhead_s"] >= 0
+    p10, p90 = r["spread_s"]["opruntime"]
+    assert p10 <= r["time_s"] <= p90 and set(r["spread_s"]) >= {"opruntime", "direct", "overhead", "peer:numpy"}
+    assert isinstance(r["noisy"], list) and "numpy" in r["ratios"]
+
+
+def test_bench_json_turns_nan_into_null(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def failing(case, device, **kw):  # noqa: ANN001, ANN003 - bench.run_case's signature
+        return bench.Result(case.op, case.label, case.dtype, device.name, error="RuntimeError: no")
+
+    monkeypatch.setattr(bench, "run_case", failing)
+    assert main(["bench", "softmax", "--shape", "8x16", "--repeats", "3", "--json"]) == 1  # a failed case
+    (r,) = strict_json(capsys.readouterr().out)["results"]
+    assert r["time_s"] is None and r["rate"] is None and r["flops"] is None and r["error"] == "RuntimeError: no"
+
+
+def test_tune_and_cache_list(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--attr", "padding=1", "--device", "cpu",
+            "--budget", "1"]
+    assert main([*args, "--json"]) == 0
+    (row,) = strict_json(capsys.readouterr().out)
+    assert isinstance(row["time_s"], float) and 0 < row["time_s"] < 1 and isinstance(row["tuning_s"], float)
+    assert row["winner"].startswith("numpy.conv2d.") and row["op"] == "conv2d"
+    assert main(["cache", "list"]) == 0
+    text = capsys.readouterr().out
+    assert "2x8x12x12 x 8x8x1x1" in text and "padding=1" in text and "numpy.conv2d." in text
+    assert "|" not in text and "(1 entries in" in text  # readable, not the raw key
+    assert main(["cache", "list", "--json"]) == 0
+    (entry,) = strict_json(capsys.readouterr().out)
+    assert entry["key"].startswith("conv2d|") and entry["shapes"] == [[2, 8, 12, 12], [8, 8, 1, 1]]
+    assert entry["attrs"]["padding"] == 1 and entry["dtypes"] == ["float32", "float32"]
+    assert entry["device_name"] == "cpu" and entry["time_s"] == pytest.approx(row["time_s"])
+
+
+def test_problem_fields_reads_exact_and_pow2_keys() -> None:
+    exact = "softmax|((4, 6),)|float32|((1, 4),)|[('axis', -1)]"
+    assert problem_fields(exact) == {"op": "softmax", "shapes": [[4, 6]], "dtypes": ["float32"],
+                                     "attrs": {"axis": -1}, "bucket": "exact", "layout": "strided"}
+    pow2 = "matmul|pow2((32, 16), (16, 8))|float16,float16|c,c|[]"
+    assert problem_fields(pow2) == {"op": "matmul", "shapes": [[32, 16], [16, 8]], "dtypes": ["float16", "float16"],
+                                    "attrs": {}, "bucket": "pow2", "layout": "contiguous"}
+    assert problem_fields("odd|key") == {"op": "odd"}
+
+
+def test_cache_export_and_import_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "e.json"
+    assert main(["cache", "export", str(path)]) == 0
+    assert capsys.readouterr().out == f"exported 0 entries to {path}\n"
+    assert main(["cache", "import", str(path), "--json"]) == 0
+    assert strict_json(capsys.readouterr().out) == {"imported": 0, "path": str(path)}
+
+
+# -- tables, progress ----------------------------------------------------------------------------------
+def test_tables_fit_100_columns_and_are_plain_off_a_terminal(tmp_path: Path) -> None:
+    env_args = ("bench", "softmax", "--shape", "8x16", "--shape", "2x3x50", "--repeats", "3", "--peers", "numpy")
+    out = subprocess.run([sys.executable, "-m", "opruntime", *env_args], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "100", "OPRUNTIME_PLUGINS": "numpy", "PYTHONPATH": str(ROOT),
+                              "OPRUNTIME_CACHE_DIR": str(tmp_path)}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert all(len(line) <= 100 for line in lines) and "\x1b[" not in out.stdout  # no colour codes
+    assert any(line.startswith("softmax") and "numpy.softmax" in line for line in lines)
+    assert out.stderr == "" and "\r" not in out.stderr  # progress: nothing at all off a terminal
+
+
+def test_progress_is_silent_off_a_terminal() -> None:
+    stream = io.StringIO()
+    with Progress(2, "bench", stream=stream, delay=0) as p:
+        p.update(0, "first")
+        p.candidate(1, 3, SimpleNamespace(label="k[x=1]"))
+        p.candidate(3, 3, None)
+    assert stream.getvalue() == ""
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_draws_a_rich_bar_on_a_terminal() -> None:
+    stream = Terminal()
+    with Progress(4, "bench", stream=stream, delay=0) as p:
+        p.update(1, "softmax 8x16")
+        assert p.bar is not None and p.bar.tasks[0].completed == 1 and p.bar.tasks[0].total == 4
+        p.candidate(2, 5, SimpleNamespace(label="k[x=1]"))
+        assert p.bar.tasks[0].total == 5 and "k[x=1]" in p.bar.tasks[0].description
+    assert p.bar is None and "bench" in stream.getvalue()
+    later = Progress(4, "bench", stream=Terminal(), delay=60)
+    later.update(1, "quick")  # work shorter than the delay shows no bar
+    assert later.bar is None and later.stream.getvalue() == ""
+
+
+def test_strict_turns_every_non_finite_into_null() -> None:
+    data = {"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5], "c": (np.float32(2.0), np.int64(3)),
+            "d": bench.Result("matmul", "p", "float32", "cpu")}
+    text = output.dumps(data)
+    back = strict_json(text)
+    assert back["a"] is None and back["b"] == [None, None, 1.5] and back["c"] == [2.0, 3]
+    assert back["d"]["time_s"] is None and back["d"]["op"] == "matmul"
+
+
+# -- the bench's cases, units and peers ---------------------------------------------------------------
 def test_suites_are_the_operators_own():
     for suite in ("cpu", "overhead", "gpu"):
         assert bench.SUITES[suite] == [c for op in OPS.values() for c in op.bench.get(suite, ())]
@@ -48,14 +280,19 @@ def test_parse_case_builds_the_operators_case():
     case = bench.parse_case("conv2d", "1x3x8x8,4x3x3x3", "float16", ["padding=1", "stride=[2,1]", "groups=1"])
     assert case == Case(((1, 3, 8, 8), (4, 3, 3, 3)), {"padding": 1, "stride": (2, 1), "groups": 1}, "float16",
                         op="conv2d")
-    with pytest.raises(SystemExit, match="softmax takes x: give 1 to 1"):
+    with pytest.raises(ShapeError, match="softmax takes x: give 1 to 1"):
         bench.parse_case("softmax", "3x3,3x3", "float32", [])
+    with pytest.raises(ShapeError, match="bad shape"):
+        bench.parse_case("softmax", "3xa", "float32", [])
+    with pytest.raises(NoKernelError, match="did you mean 'softmax'"):
+        bench.parse_case("softmx", "3x3", "float32", [])
+    assert bench.parse_attr("is_causal=True") == ("is_causal", True) and bench.parse_attr("m=x") == ("m", "x")
 
 
 def test_bench_reports_the_rate_the_operator_is_bound_by():
     cpu = opr.Device("cpu")
-    mm = bench.run_case(Case(((16, 8), (8, 4)), op="matmul"), cpu, repeats=2, peers=["numpy"])
-    sm = bench.run_case(Case(((6, 10),), {"axis": 0}, op="softmax"), cpu, repeats=2, peers=[])
+    mm = bench.run_case(Case(((16, 8), (8, 4)), op="matmul"), cpu, repeats=3, peers=["numpy"])
+    sm = bench.run_case(Case(((6, 10),), {"axis": 0}, op="softmax"), cpu, repeats=3, peers=[])
     assert not mm.error and not sm.error and (mm.unit, sm.unit) == ("GFLOP/s", "GB/s")
     assert mm.rate == pytest.approx(mm.flops / mm.time_s / 1e9) and sm.rate == pytest.approx(sm.bytes / sm.time_s / 1e9)
     assert "numpy" in mm.peers and not sm.peers
@@ -107,25 +344,3 @@ def test_peers_run_where_the_provider_says_the_data_lives():
     # an accelerator whose DLPack export is a host copy (OpenCL on a GPU) is not the host
     assert peers.where(device((1, 0), accelerator=True), None) == peers.Where(False)
     assert peers.where(device(None, accelerator=True), None) == peers.Where(False)
-
-
-def test_progress_lines_off_a_terminal():
-    stream = io.StringIO()
-    with Progress(2, "bench", stream=stream) as p:
-        p.update(0, "first")
-        p.candidate(1, 3, SimpleNamespace(label="k[x=1]"))
-        p.candidate(3, 3, None)
-    assert stream.getvalue() == "[1/2] first\n[2/3] bench: k[x=1]\n"
-
-
-def test_tune_and_bench_write_no_carriage_return_into_a_pipe(tmp_path):
-    env = {**os.environ, "OPRUNTIME_CACHE_DIR": str(tmp_path / "c"), "OPRUNTIME_PLUGINS": "numpy"}
-    for args in (["tune", "conv2d", "--shape", "2x8x12x12,8x8x1x1", "--device", "cpu"],
-                 ["bench", "softmax", "--shape", "8x16", "--repeats", "2", "--peers", "numpy"]):
-        out = subprocess.run([sys.executable, "-m", "opruntime.tools", *args], capture_output=True, text=True,
-                             env=env, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr
-        assert "\r" not in out.stderr and out.stderr.startswith("[1/"), out.stderr
-    listed = subprocess.run([sys.executable, "-m", "opruntime.tools", "cache", "list"], env=env,
-                            capture_output=True, text=True, cwd=tmp_path)
-    assert "numpy.conv2d." in listed.stdout and "(1 entries in" in listed.stdout
