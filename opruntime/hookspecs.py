@@ -94,6 +94,24 @@ def opruntime_build_variants() -> Sequence[tuple[str, Mapping[str, Any]]]:
     """
 
 
+@hookspec
+def opruntime_device_kinds() -> Mapping[str, Sequence[str]]:
+    """Declare, cheaply, the device kinds this backend serves and the top-level modules whose
+    arrays its devices own: ``{"cuda": ["cupy"]}``, ``{"jax": ["jax", "jaxlib"]}``.
+
+    Optional, and what makes the backend load lazily: the registry then calls
+    ``opruntime_devices`` and ``opruntime_kernels`` only when a device of one of these kinds is
+    needed (a device name of that kind is resolved, an operand is an array of one of the modules,
+    a DLPack array lives on a device the backend may hold, or every device is listed). A backend
+    without this hook is loaded when the registry is built. "Serves" includes kinds the backend
+    only adds kernels for: its kernels are collected when a device of that kind is first used.
+
+    Must not import the device stack (it runs in every process that calls an operator). Return
+    ``{}`` for a backend to be loaded at once.
+    """
+
+
+
 # -- the device a backend provides --------------------------------------------------------------
 class DeviceProvider(abc.ABC):
     """What a backend implements for one device. Subclass it and override what differs.
@@ -233,6 +251,13 @@ class DeviceProvider(abc.ABC):
     def dlpack_device(self, data: Any) -> tuple[int, int]:
         """The ``(device_type, device_id)`` pair of the ``__dlpack_device__`` protocol."""
         return data.__dlpack_device__()
+
+    def holds_dlpack(self, device_type: int, device_id: int) -> bool:
+        """True when memory that DLPack calls ``(device_type, device_id)`` is this device's, so
+        that :meth:`from_dlpack` imports such an array without a copy (a CUDA device: kDLCUDA
+        with its ordinal). A foreign array (torch, ...) in device memory lands on the best device
+        that holds it; host memory (kDLCPU) is host data, placed as a NumPy array. Default: False."""
+        return False
 
     # -- execution ------------------------------------------------------------------------
     def synchronize(self) -> None:  # noqa: B027 (a no-op default: synchronous devices keep it)

@@ -92,7 +92,7 @@ def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate]
         (usable candidates best first, every candidate with its status, why the first won).
     """
     reg = registry()
-    if all(d.name != device.name for d in reg.devices):  # e.g. a Tensor made before its plugin went away
+    if not reg.present(device):  # e.g. a Tensor made before its plugin went away
         raise DeviceUnavailableError(f"{problem.op}: device {device.name!r} is no longer available (its plugin was "
                                      f"unregistered or failed); devices here: {', '.join(d.name for d in reg.devices)}")
     kernels = reg.kernels_for(problem.op, device.kind)

@@ -16,10 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from . import config
+from . import config, dlpack
 from .config import settings
 from .devices import Device
-from .errors import AttributeValueError, DeviceMismatchError, DtypeError, IndexingError, InputTypeError, ShapeError
+from .errors import (
+    AttributeValueError,
+    DeviceMismatchError,
+    DeviceUnavailableError,
+    DtypeError,
+    IndexingError,
+    InputTypeError,
+    ShapeError,
+)
 from .plugins import registry, resolve_device
 
 
@@ -439,9 +447,12 @@ def host_array(op: str, x: Any) -> np.ndarray:
     arr: np.ndarray | None = None
     if not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
         try:
-            arr = np.from_dlpack(x)
-        except Exception:  # a device-resident DLPack object NumPy cannot read: go through __array__
-            arr = None
+            arr = np.from_dlpack(x)  # a view: no copy
+        except Exception:
+            try:  # a dtype NumPy cannot import (torch's bfloat16): read the capsule, still a view
+                arr = dlpack.host_view(x)
+            except Exception:  # a device-resident DLPack object: go through __array__
+                arr = None
     if arr is None:
         try:
             arr = np.asarray(x)
@@ -457,6 +468,75 @@ def host_array(op: str, x: Any) -> np.ndarray:
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return arr
+
+
+# -- foreign arrays ------------------------------------------------------------------------------------
+#: operands that are host data by their type: no device owns them, and no DLPack is asked
+_PLAIN = (np.ndarray, np.generic, list, tuple, int, float)
+
+
+def adopt(op: str, x: Any, name: str = "x") -> Any:
+    """An operand as the frontend places it: a Tensor, or host data.
+
+    * a Tensor, a NumPy array, a list or a scalar: as it is;
+    * a native array of a registered device (CuPy, pyopencl, a ``jax.Array``): a Tensor on that
+      device, sharing the array;
+    * any other ``__dlpack__`` object (torch, ...) in device memory: imported without a copy by
+      the device whose memory it is (``__dlpack_device__`` kDLCUDA id N: ``cuda:N``), as a Tensor
+      there; in host memory (kDLCPU): host data, exactly as a NumPy array (read through DLPack
+      without a copy, ``bfloat16`` included, then placed on the call's device).
+
+    Raises:
+        InputTypeError: a JAX tracer (the call is inside ``jax.jit``) or a torch tensor that
+            requires grad.
+        DeviceUnavailableError: a DLPack object on a device no plugin here holds.
+    """
+    if x.__class__ is Tensor or x is None or isinstance(x, _PLAIN):
+        return x
+    _refuse_untakeable(op, x, name)
+    reg = registry()
+    owner = reg.device_of(x)
+    if owner is not None:
+        return Tensor._wrap(x, owner)
+    where = _dlpack_device(x)
+    if where is None or where[0] in dlpack.HOST_TYPES:
+        return x  # host data: host_array reads it
+    dev = reg.dlpack_holder(where)
+    if dev is None:
+        raise DeviceUnavailableError(
+            f"{op}: operand {name} ({type(x).__module__}.{type(x).__name__}) lives on {dlpack.device_name(where)}, "
+            f"and no device here holds that memory (devices: {', '.join(d.name for d in reg.devices) or 'none'}; "
+            f"see `opruntime info`). Install the backend for it (CUDA: pip install 'opruntime[cuda12]'), or move "
+            f"it to the host first (torch: {name}.cpu())")
+    return Tensor._wrap(dev.provider.from_dlpack(x), dev)
+
+
+def _dlpack_device(x: Any) -> tuple[int, int] | None:
+    """``x.__dlpack_device__()`` as two ints, or None when ``x`` has no (working) one."""
+    probe = getattr(x, "__dlpack_device__", None)
+    if probe is None:
+        return None
+    try:
+        kind, index = probe()
+        return int(kind), int(index)
+    except Exception:
+        return None
+
+
+def _refuse_untakeable(op: str, x: Any, name: str) -> None:
+    """Refuse, naming the way out, the two foreign operands that cannot be taken as values."""
+    cls = type(x)
+    if any(c.__name__.endswith("Tracer") and c.__module__.startswith("jax") for c in cls.__mro__):
+        raise InputTypeError(
+            f"{op}: operand {name} is a JAX tracer: the call is inside jax.jit (or grad, vmap, scan...), but "
+            f"opruntime runs eagerly, on concrete arrays, and cannot be traced. Call opr.{op} outside the "
+            f"transformed function, or call it from inside through a host callback: "
+            f"jax.pure_callback(lambda a: np.asarray(opr.{op}(a)), jax.ShapeDtypeStruct(shape, dtype), {name})")
+    if getattr(x, "requires_grad", False) is True and cls.__module__.startswith("torch"):
+        raise InputTypeError(
+            f"{op}: operand {name} is a torch tensor that requires grad; opruntime records no gradients, so its "
+            f"result would silently cut the autograd graph. Pass {name}.detach() (the same memory, no copy) "
+            f"where no gradient is needed")
 
 
 def tensor(data: Any, device: Device | str | None = None, dtype: Any = None) -> Tensor:
@@ -482,9 +562,10 @@ def _make(op: str, data: Any, device: Device | str | None = None, dtype: Any = N
     if isinstance(data, Tensor):
         t = data if dev is None else data.to(dev)
     else:
-        owner = None if isinstance(data, np.ndarray) else registry().device_of(data)
-        if owner is not None and (dev is None or dev == owner):
-            t = Tensor._wrap(owner.provider.copy(data), owner)
+        found = adopt(op, data, "data")  # a Tensor sharing a native or DLPack array, or host data
+        if isinstance(found, Tensor):
+            t = Tensor._wrap(found.device.provider.copy(found.data), found.device) if dev is None or \
+                dev == found.device else found.to(dev)
         else:
             dev = dev or resolve_device(settings(), op)
             host = host_array(op, data)

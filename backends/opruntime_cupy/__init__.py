@@ -27,6 +27,12 @@ FAMILIES = families(__name__)
 
 
 @hookimpl
+def opruntime_device_kinds() -> dict[str, list[str]]:
+    """The ``cuda`` devices, owning CuPy arrays: this backend loads when one is first needed."""
+    return {"cuda": ["cupy"]}
+
+
+@hookimpl
 def opruntime_devices() -> list[CudaDevice]:
     return devices()
 

@@ -203,6 +203,10 @@ class CudaDevice(DeviceProvider):
             return data if data.dtype == dtype else data.astype(dtype)
 
     # -- DLPack ---------------------------------------------------------------------------
+    def holds_dlpack(self, device_type: int, device_id: int) -> bool:
+        """CUDA memory (and managed memory) of this device's ordinal."""
+        return device_type in (2, 13) and device_id == self.index
+
     def from_dlpack(self, obj: Any) -> Any:
         kind = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else None
         if kind in (2, 13):  # kDLCUDA, kDLCUDAManaged: zero-copy when on this device

@@ -27,6 +27,12 @@ FAMILIES = families(__name__)
 
 
 @hookimpl
+def opruntime_device_kinds() -> dict[str, list[str]]:
+    """The ``jax`` devices, owning JAX arrays: this backend loads when one is first needed."""
+    return {"jax": ["jax", "jaxlib"]}
+
+
+@hookimpl
 def opruntime_devices() -> list:
     if importlib.util.find_spec("jax") is None:
         raise BackendUnavailable("jax not installed", kinds=["jax"])

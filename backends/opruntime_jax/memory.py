@@ -176,6 +176,12 @@ class JaxDevice(DeviceProvider):
         return host_available() if self.platform == "cpu" else None
 
     # -- DLPack -----------------------------------------------------------------------------------
+    def holds_dlpack(self, device_type: int, device_id: int) -> bool:
+        """A GPU's memory (kDLCUDA, managed, kDLROCM) with this device's hardware ordinal; the
+        CUDA backend, ranked higher, takes such arrays first when it is present."""
+        ordinal = getattr(self.jdev, "local_hardware_id", None)
+        return self.platform == "gpu" and device_type in (2, 10, 13) and device_id == ordinal
+
     def from_dlpack(self, obj: Any) -> Any:
         """Zero-copy when the producer is on this device; else through JAX's own transfer, and
         through the host for producers JAX cannot read (an OpenCL buffer)."""

@@ -18,6 +18,12 @@ FAMILIES = families(__name__)
 
 
 @hookimpl
+def opruntime_device_kinds() -> dict[str, list[str]]:
+    """The ``cpu`` devices, owning NumPy arrays: this backend loads when one is first needed."""
+    return {"cpu": ["numpy"]}
+
+
+@hookimpl
 def opruntime_devices() -> list[CpuDevice]:
     return [CpuDevice()]
 

@@ -21,6 +21,12 @@ FAMILIES = families(__name__)
 
 
 @hookimpl
+def opruntime_device_kinds() -> dict[str, list[str]]:
+    """The ``opencl`` devices, owning pyopencl arrays: this backend loads when one is first needed."""
+    return {"opencl": ["pyopencl"]}
+
+
+@hookimpl
 def opruntime_devices() -> list[OpenCLDevice]:
     devices, reason = discover()
     if not devices:
