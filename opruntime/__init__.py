@@ -14,6 +14,7 @@ from .config import configure, device, override, reload
 from .devices import Device
 from .hookspecs import DeviceProvider, hookimpl
 from .kernels import FLOATS, Kernel, Problem
+from .mesh import Mesh, MeshTensor, mesh
 from .ops import *  # noqa: F403  (every operator's public function)
 from .ops import FUNCTIONS, OPS, explain
 from .ops.concat import concat
@@ -25,6 +26,7 @@ from .trace import trace
 __all__ = [
     "FLOATS", "OPS", "__version__", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "concat", "configure", "device",
     "devices", "errors", "explain", "hookimpl", "override", "permute", "register", "registry", "reload", "reshape",
+    "Mesh", "MeshTensor", "mesh",
     "tensor", "trace", "transpose", "unregister",
     *FUNCTIONS,
 ]

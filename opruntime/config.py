@@ -1,8 +1,11 @@
 """Settings and their sources, later ones overriding earlier ones:
 
 1. built-in defaults (device: the best present, by each device's priority);
-2. a file: the one named by ``OPRUNTIME_CONFIG``, else the nearest ``opruntime.toml`` or
-   ``pyproject.toml`` with a ``[tool.opruntime]`` table, searching up from the working directory;
+2. one file: the one named by ``OPRUNTIME_CONFIG``, else the nearest ``opruntime.toml`` or
+   ``pyproject.toml`` with a ``[tool.opruntime]`` table, searching up from the working directory.
+   Files are not merged: the nearest directory wins, and in one directory ``opruntime.toml``
+   wins over ``pyproject.toml``'s table, which is then ignored: a warning (logger ``opruntime``,
+   once per process) names both files;
 3. the environment (:data:`ENV`);
 4. :func:`configure` in code (process-wide);
 5. ``with opr.device(...)`` / ``with opr.override(...)`` (this thread / task only);
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import logging
 import math
 import os
 import threading
@@ -41,6 +45,7 @@ from typing import Any
 from .errors import ConfigError
 from .lru import DEFAULT_CAPACITY, LRU, set_capacity
 
+log = logging.getLogger("opruntime")
 TUNE_MODES = ("off", "heuristic", "autotune")
 
 #: key -> (what it is, the values allowed); the documentation and the validation both read it.
@@ -177,8 +182,10 @@ def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     for key, value in raw.items():
         if key not in KEYS:
             raise ConfigError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(KEYS)}")
-        if key in ("device", "plugins"):
+        if key == "device":
             out[key] = _names(value, where, key)
+        elif key == "plugins":
+            out[key] = _plugin_names(_names(value, where, key), where)
         elif key in ("tune", "bucket"):
             out[key] = _choice(value, TUNE_MODES if key == "tune" else BUCKETS, where, key)
         elif key in ("strict", "log_tuning"):
@@ -194,6 +201,25 @@ def parse(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         elif key == "ops":
             out[key] = _parse_ops(value, where)
     return out
+
+
+#: ``() -> names``: the plugin names the ``plugins`` setting may use (installed entry points and
+#: plugins given to ``opr.register``), set by the registry (the layer above) when it is imported
+PLUGIN_NAMES: Any = None
+
+
+def _plugin_names(names: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``names`` when each (less a leading ``-``) names a plugin; else ConfigError with the
+    closest name: a typo would silently block nothing, or allow nothing."""
+    known = sorted(PLUGIN_NAMES()) if PLUGIN_NAMES is not None else []
+    for name in names:
+        bare = name[1:] if name.startswith("-") else name
+        if known and bare not in known:
+            close = difflib.get_close_matches(bare, known, n=1)
+            hint = f" Did you mean {name[:len(name) - len(bare)] + close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown plugin {bare!r} in 'plugins'.{hint} Plugins here: {', '.join(known)} "
+                              f"(block one with '-name', or list the only ones to load)")
+    return names
 
 
 #: name -> Operator, filled by ``opruntime.ops`` as it loads the operators: the names 'ops' tables
@@ -230,7 +256,8 @@ def _parse_ops(value: Any, where: str) -> dict[str, OpSettings]:
 
 
 def find_file(start: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
-    """The config file in force and its raw ``opruntime`` table, or None."""
+    """The config file in force and its raw ``opruntime`` table, or None. An ``opruntime.toml``
+    beside a ``pyproject.toml`` with a ``[tool.opruntime]`` table wins; that is announced once."""
     named = os.environ.get("OPRUNTIME_CONFIG")
     if named:
         path = Path(named).expanduser()
@@ -240,14 +267,22 @@ def find_file(start: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
         own = d / "opruntime.toml"
-        if own.is_file():
-            return own, _read(own)
         pyproject = d / "pyproject.toml"
+        if own.is_file():
+            if pyproject.is_file() and _read(pyproject) and (own, pyproject) not in _shadowed:
+                _shadowed.add((own, pyproject))
+                log.warning("opruntime: %s is in force; the [tool.opruntime] table of %s beside it is ignored "
+                            "(opruntime.toml wins over pyproject.toml in one directory; keep the settings in one "
+                            "of them)", own, pyproject)
+            return own, _read(own)
         if pyproject.is_file():
             table = _read(pyproject)
             if table:
                 return pyproject, table
     return None
+
+
+_shadowed: set[tuple[Path, Path]] = set()  # (opruntime.toml, pyproject.toml) pairs announced
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -371,9 +406,16 @@ def _freeze_value(v: Any) -> Any:
     return tuple(sorted(v.items())) if isinstance(v, dict) else v
 
 
-def device(name: str | list[str] | tuple[str, ...]) -> AbstractContextManager[Settings]:
+def device(name: str | list[str] | tuple[str, ...]) -> AbstractContextManager[Any]:
     """``with opr.device("cuda:0"):`` places host data of this block on that device.
 
-    A list is a priority list (the first present device wins).
+    A list is a priority list (the first present device wins); a mesh (``opr.mesh``) places host
+    data on its members.
     """
+    if getattr(name, "spans_devices", False):
+        return name.placing()  # type: ignore[union-attr]
     return override(device=name)
+
+
+#: the mesh of ``with opr.device(mesh)`` in this thread / task (``opruntime.mesh``), else None
+placement: contextvars.ContextVar[Any] = contextvars.ContextVar("opruntime_placement", default=None)

@@ -34,7 +34,7 @@ import abc
 import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pluggy
@@ -294,9 +294,38 @@ class DeviceProvider(abc.ABC):
         """What identifies this device for the tuning cache: model, driver, runtime versions."""
         return {"name": self.name, "description": self.description}
 
+    # -- scale-out ------------------------------------------------------------------------
+    def mesh_engine(self, members: Sequence[DeviceProvider]) -> MeshEngine | None:
+        """The engine that moves data between ``members`` (this device first, then the others of a
+        mesh, all of this provider's kind) and sums across them, or None when the kind has none
+        (then only one-device meshes are possible). ``opr.mesh`` asks once per mesh; an engine
+        holds what is costly to make (a ``jax.sharding.Mesh``, an NCCL communicator). Import the
+        engine's stack inside this method."""
+        return None
+
     def info(self) -> dict[str, str]:
         """Extra facts for ``opruntime info`` (memory, compute capability, extensions...)."""
         return {}
+
+
+class MeshEngine(Protocol):
+    """What :meth:`DeviceProvider.mesh_engine` returns: a backend's own transport between the
+    devices of a mesh (``opruntime.mesh``), never a home-made one.
+
+    Attributes:
+        bandwidth: bytes per second between two members (the cost model's link).
+        latency: seconds a transfer or a collective costs before any byte moves.
+    """
+
+    bandwidth: float
+    latency: float
+
+    def move(self, data: Any, provider: DeviceProvider) -> Any:
+        """``data`` (an array of one member) as a new array on member ``provider``."""
+
+    def all_reduce(self, datas: Sequence[Any]) -> list[Any]:
+        """The elementwise sum of ``datas`` (one array per member, in the mesh's order, one shape
+        and dtype) as a new array on every member, in the same order."""
 
 
 # -- enforcing it ---------------------------------------------------------------------------------

@@ -556,8 +556,15 @@ def tensor(data: Any, device: Device | str | None = None, dtype: Any = None) -> 
     return _make("tensor", data, device, dtype)
 
 
+#: ``spread(op, data, device, dtype)``: :func:`tensor` when a mesh is involved (a mesh device, a
+#: mesh tensor, ``with opr.device(mesh)``), else None; set by ``opruntime.mesh`` (a layer above)
+spread: Any = None
+
+
 def _make(op: str, data: Any, device: Device | str | None = None, dtype: Any = None) -> Tensor:
     """:func:`tensor`, with errors naming ``op``."""
+    if spread is not None and (placed := spread(op, data, device, dtype)) is not None:
+        return placed
     dev = Device(device) if device is not None else None
     if isinstance(data, Tensor):
         t = data if dev is None else data.to(dev)

@@ -250,6 +250,12 @@ class JaxDevice(DeviceProvider):
                 "jax": jax.__version__, "jaxlib": jaxlib.__version__,
                 "platform_version": str(getattr(self.jdev.client, "platform_version", ""))}
 
+    def mesh_engine(self, members: Any) -> Any:
+        """XLA's collectives over a ``jax.sharding.Mesh`` of the members (``mesh.JaxMesh``)."""
+        from .mesh import JaxMesh
+
+        return JaxMesh(members)
+
     def info(self) -> dict[str, str]:
         import jax
 

@@ -16,6 +16,7 @@ from typing import Any
 from .. import config, selector
 from ..config import settings
 from ..errors import NoKernelError
+from . import base
 from .base import FLOAT_ORDER, Case, Normalized, Operator, place, result_dtype
 
 OPS: dict[str, Operator] = {}
@@ -55,6 +56,8 @@ def explain(op: str, *args: Any, device: Any = None, **attrs: Any) -> selector.E
     while args and args[-1] is None:  # trailing optional operands given as None: absent, as in the call
         args = args[:-1]
     inputs, triples = operator.adapt(tuple(args), operator.attr_key(attrs))  # the call as it runs
+    if base.mesh is not None and (spread := base.mesh.explain(operator, inputs, device, triples)) is not None:
+        return spread
     attrs = {k: v for k, v, _ in triples}
     datas, dev = place(op, operator.operands, inputs, device, s, operator.masks)
     try:

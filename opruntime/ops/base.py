@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import selector
-from ..config import settings
+from ..config import placement, settings
 from ..devices import Device
 from ..errors import AttributeValueError, DeviceMismatchError, DtypeError
 from ..kernels import Attrs, Problem, c_strides, itemsize
@@ -69,6 +69,10 @@ def activation_attr(op: str, value: Any) -> str | None:
     raise AttributeValueError(f"{op}: activation must be None or one of {', '.join(map(repr, EPILOGUES))}; "
                               f"got {value!r}")
 
+
+#: ``opruntime.mesh`` once imported (it sits above the operators and registers itself here): a
+#: call that involves a mesh is its ``run``'s, ``explain`` of one its ``explain``'s
+mesh: Any = None
 
 _plans_get = selector.plans.get  # the plan cache is one LRU for the process (cleared, never replaced)
 
@@ -308,7 +312,7 @@ class Operator(abc.ABC):
                     k = x._key
                     key.append(k if k is not None else x._signature())
                     datas.append(x._data)
-                elif cls is np.ndarray and x.dtype.isnative:
+                elif cls is np.ndarray and x.dtype.isnative and _placement() is None:
                     key.append((None, x.shape, x.dtype, x.strides))  # host data: placed by the plan
                     datas.append(x)
                 else:
@@ -323,6 +327,8 @@ class Operator(abc.ABC):
                     t._data, t._device, t._key = plan(datas), plan.device, None
                     return t
                 fast_key = key
+        if mesh is not None and (spread := mesh.run(self, inputs, device, attrs)) is not None:
+            return spread
         adict = {k: v for k, v, _ in attrs}
         datas, dev = place(self.name, self.operands, inputs, device, s, self.masks)
         key = self.key(s, dev, datas, attrs)
@@ -398,6 +404,7 @@ class Operator(abc.ABC):
 
 
 _new = object.__new__
+_placement = placement.get
 
 
 def attr_tag(value: Any) -> Any:
