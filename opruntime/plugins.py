@@ -32,7 +32,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import config, hookspecs
 from .config import Settings, settings
 from .config import listeners as config_listeners
 from .devices import Device, resolve_name
@@ -491,5 +491,12 @@ def _settings_changed(old: Settings | None, new: Settings) -> None:
         reset()
 
 
+def plugin_names() -> set[str]:
+    """Every plugin name the ``plugins`` setting may use: the installed entry points and the
+    plugins given to :func:`register`."""
+    return {name for name, _ in _entry_point_plugins()} | {name for name, _ in _extra}
+
+
 config_listeners.append(_settings_changed)
+config.PLUGIN_NAMES = plugin_names
 Device.lookup = lambda name: registry().device(name)
