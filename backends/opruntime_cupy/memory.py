@@ -256,6 +256,12 @@ class CudaDevice(DeviceProvider):
             "cupy": self._cupy.__version__,
         }
 
+    def mesh_engine(self, members: Any) -> Any:
+        """NCCL communicators over the members (``mesh.CudaMesh``), made once per mesh."""
+        from .mesh import CudaMesh
+
+        return CudaMesh(members)
+
     def info(self) -> dict[str, str]:
         p = self._props
         free, total = self._cupy.cuda.runtime.memGetInfo() if self.index == self._cupy.cuda.runtime.getDevice() \
