@@ -329,7 +329,8 @@ def ratio_chart(panels: Sequence[tuple[str, Sequence[Result]]], path: str | Path
     panels = [(label, rs) for label, rs in panels if rs]
     if not panels:
         raise ConfigError(f"nothing to draw for {title!r}: no result with a finite peer ratio")
-    peers = list(dict.fromkeys(p for _, rs in panels for r in rs for p in _ratios(r)))
+    seen = dict.fromkeys(p for _, rs in panels for r in rs for p in _ratios(r))
+    peers = sorted(seen, key=lambda p: (list(PEER_COLORS).index(p) if p in PEER_COLORS else len(PEER_COLORS)))
     fallback = itertools.cycle(_FALLBACK_COLORS)
     colors = {p: PEER_COLORS.get(p) or next(fallback) for p in peers}
     values = [v for _, rs in panels for r in rs for v in _ratios(r).values()]
@@ -337,7 +338,7 @@ def ratio_chart(panels: Sequence[tuple[str, Sequence[Result]]], path: str | Path
     ticks = [2.0**k for k in range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1)]
     # each panel's own peers (a device without a peer keeps no empty slot for it)
     own = [[p for p in peers if any(p in _ratios(r) for r in rs)] for _, rs in panels]
-    rows = [len(rs) * (len(ps) * 0.15 + 0.14) + 0.4 for (_, rs), ps in zip(panels, own)]
+    rows = [len(rs) * max(0.36, len(ps) * 0.15 + 0.14) + 0.4 for (_, rs), ps in zip(panels, own)]  # inches
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "opruntime", "font.size": 9,
                                 "font.family": "sans-serif"}):
         fig = Figure(figsize=(CHART_WIDTH_IN, sum(rows) + 0.9), layout="constrained")
@@ -352,14 +353,15 @@ def ratio_chart(panels: Sequence[tuple[str, Sequence[Result]]], path: str | Path
                         continue
                     y = i + (j - (len(ps) - 1) / 2) * height
                     ax.barh(y, v, height * 0.9, color=colors[p], label=PEER_NAMES.get(p, p))
-                    ax.text(v * 1.03, y, f"{v:.2f}", va="center", ha="left", fontsize=7, color="#333333")
+                    ax.text(v * 1.03, y, f"{v:.2f}", va="center", ha="left", fontsize=7.5, color="#222222",
+                            bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.8})
             ax.axvline(1.0, color="black", lw=1.2, zorder=3)
             ax.set_xscale("log")
             ax.set_xlim(lo, hi)
             ax.xaxis.set_major_locator(FixedLocator(ticks))
             ax.xaxis.set_minor_locator(NullLocator())
             ax.set_xticklabels([f"{t:g}×" for t in ticks])
-            ax.set_yticks(range(len(rs)), ["\n".join(case_label(r, several)) for r in rs], fontsize=7.5)
+            ax.set_yticks(range(len(rs)), ["\n".join(case_label(r, several)) for r in rs], fontsize=8)
             ax.set_ylim(len(rs) - 0.5, -0.5)  # the first case on top
             ax.grid(axis="x", alpha=0.3)
             ax.set_title(label, fontsize=9, loc="left")
@@ -416,9 +418,9 @@ class Page:
         return self.img / f"perf-{chart.name}.svg"
 
     def device_name(self, src: Source, device: str) -> str:
-        """The table's name of ``device`` as ``src`` describes it: ``"H100, cuda:0"``."""
+        """The table's name of ``device`` as ``src`` describes it: the manifest's short name ("H100")."""
         desc = src.devices.get(device, "")
-        return f"{self.machines[desc]}, {device}" if desc in self.machines else src.device_label(device)
+        return self.machines.get(desc) or src.device_label(device)
 
 
 def load_page(manifest: str | Path) -> Page:
@@ -457,7 +459,8 @@ def summary_table(page: Page) -> str:
                 raise ConfigError(f"chart {chart.name!r}: the headline {want} has no peer ratio")
             peer = min(ratios, key=ratios.__getitem__)  # the fastest peer: the smallest time ratio
             problem = ", ".join(case_label(r))
-            lines.append(f"| {r.op} | {page.device_name(src, r.device)} | {problem} | {_time(r.time_s)} | "
+            op = r.op.replace("_", "_<wbr>")  # a long name may wrap in a narrow column
+            lines.append(f"| {op} | {page.device_name(src, r.device)} | {problem} | {_time(r.time_s)} | "
                          f"{PEER_NAMES.get(peer, peer)} | {ratios[peer]:.2f}× |")
     return "\n".join(lines)
 
