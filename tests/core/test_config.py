@@ -210,3 +210,48 @@ def test_device_resolution_lives_in_the_registry(fake):
     s = config.settings()
     assert resolve_device(s, "matmul").name == "fake:0" and resolve_device(s, "softmax").name == "fake:1"
     assert not hasattr(config, "_announced")  # announcements are the registry's
+
+
+def test_opruntime_toml_beside_a_pyproject_table_wins_and_says_so(tmp_path, caplog):
+    """Files are not merged: in one directory opruntime.toml wins over pyproject's
+    [tool.opruntime] table, and a warning names both, once per process."""
+    (tmp_path / "pyproject.toml").write_text('[tool.opruntime]\ntune = "off"\nstrict = true\n')
+    (tmp_path / "opruntime.toml").write_text('tune = "autotune"\n')
+    config._shadowed.clear()
+    with caplog.at_level("WARNING", logger="opruntime"):
+        config.reload()
+        s = config.settings()
+        config.reload()
+        config.settings()
+    assert s.tune == "autotune" and s.strict is False  # nothing of the pyproject table
+    assert s.origin["tune"] == str(tmp_path.resolve() / "opruntime.toml")
+    said = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
+    assert len(said) == 1
+    assert "opruntime.toml is in force" in said[0] and str(tmp_path.resolve() / "pyproject.toml") in said[0]
+
+
+def test_a_pyproject_without_the_table_beside_opruntime_toml_is_not_announced(tmp_path, caplog):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (tmp_path / "opruntime.toml").write_text('tune = "off"\n')
+    config._shadowed.clear()
+    with caplog.at_level("WARNING", logger="opruntime"):
+        config.reload()
+        assert config.settings().tune == "off"
+    assert not [r for r in caplog.records if "is ignored" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("value", "hint"), [(["-opencll"], "Did you mean '-opencl'?"), ("nmupy", "Did you mean 'numpy'?"),
+                                             (["-zzzz"], "Plugins here: ")])
+def test_an_unknown_plugin_name_is_an_error_with_a_suggestion(value, hint):
+    """A typo in ``plugins`` used to block nothing (or, in an allow-list, allow nothing) silently."""
+    with pytest.raises(ConfigError, match=rf"configure\(\): unknown plugin '{value[0].lstrip('-') if isinstance(value, list) else value}' in 'plugins'\. .*{hint}") as err:
+        opr.configure(plugins=value)
+    assert "jax" in str(err.value) and "numpy" in str(err.value)  # the names it could have been
+    assert config.settings().plugins == ()  # nothing of it kept
+
+
+def test_a_typo_in_the_plugins_environment_variable_names_the_variable(monkeypatch):
+    monkeypatch.setenv("OPRUNTIME_PLUGINS", "-opencl,-jaxx")
+    with pytest.raises(ConfigError, match=r"OPRUNTIME_PLUGINS: unknown plugin 'jaxx' in 'plugins'\. Did you mean '-jax'"):
+        config.reload()
+        config.settings()
