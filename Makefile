@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # tests/system/test_models.py and `opruntime bench --suite models`).
 EXTRAS ?= test,lint,cpu,opencl,jax,docs,plot,models
 
-.PHONY: demo test test-slow test-gpu compile-cu opencl-icd docs lint clean
+.PHONY: demo test test-slow test-gpu compile-cu opencl-icd docs docs-check lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,16 @@ build/plugin_template: $(VENV)/.installed examples/plugin_template/pyproject.tom
 # The docs site; strict: a broken link or a stale generated page fails (no -q: it hides warnings).
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+# The built site in a real browser: Debian's chromium (installed here when missing) renders every page;
+# console errors, missing images and broken links fail (scripts/docs_check.py; about 15 s on 2 cores).
+docs-check: docs
+	@if command -v chromium >/dev/null 2>&1 || [ -n "$$CHROMIUM" ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing chromium (the docs check's browser)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null; \
+	else echo "no chromium and apt-get unusable: install Debian's chromium, or set CHROMIUM"; exit 2; fi
+	$(BIN)/python scripts/docs_check.py --site build/site
 
 # CI: everything but the GPU tests and the slow ones (S = 32768 attention on PoCL and JAX, numba's
 # cross-process cache), which `make test-slow` runs (about 4 minutes more on 2 cores).

@@ -297,9 +297,11 @@ class Browser:
         path.write_bytes(base64.b64decode(shot["data"]))
 
 
-def console_errors(events: list[dict[str, Any]], origin: str) -> list[str]:
-    """The errors among a page's DevTools events; a refused request outside ``origin`` is not one."""
-    out = []
+def console_errors(events: list[dict[str, Any]], origin: str, refused: set[str] = frozenset()) -> list[str]:
+    """The errors among a page's DevTools events (each one's first line, once), but those that a
+    refused outside request caused: a log entry for a URL outside ``origin``, or a message that
+    names one of the ``refused`` URLs (a script that could not be loaded from a CDN)."""
+    out: list[str] = []
     for ev in events:
         p = ev.get("params", {})
         if ev.get("method") == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
@@ -313,30 +315,37 @@ def console_errors(events: list[dict[str, Any]], origin: str) -> list[str]:
             if url and not is_local(url, origin):
                 continue  # an outside request we refused
             out.append(f"{entry.get('text', '')} {url}".strip())
-    return out
+    firsts = (e.strip().splitlines()[0] if e.strip() else e for e in out)
+    return list(dict.fromkeys(e for e in firsts if not any(u in e for u in refused)))
 
 
 # -- the check -------------------------------------------------------------------------------------
 def check_site(site: Path, browser_bin: str, screenshot: Path | None = None, shot_page: str = "/performance/",
-               max_height: int = 8000, timeout: float = 30.0, log: Any = print) -> tuple[list[str], set[str]]:
-    """Render every page of ``site``; returns the problems found (one line each) and the outside
-    URLs the pages asked for (refused)."""
+               max_height: int = 8000, timeout: float = 30.0,
+               log: Any = print) -> tuple[list[str], dict[str, set[str]]]:
+    """Render every page of ``site``; returns the problems found (one line each) and, per page, the
+    outside URLs it asked for (refused: not checked)."""
     pages = site_pages(site)
     if not pages:
         raise CheckError(f"{site} holds no HTML page: build the site first (mkdocs build)")
     reports: dict[str, PageReport] = {}
+    outside: dict[str, set[str]] = {}
     with tempfile.TemporaryDirectory(prefix="docs-check-") as profile, serve(site) as (origin, failures):
         browser = Browser(browser_bin, profile, timeout)
         browser.origin = origin
         try:
             for path in pages:
                 failures.clear()
+                browser.refused = set()
                 browser.load(origin + path)
                 probe = browser.evaluate(PROBE)
-                rep = PageReport(path, console_errors(browser.events, origin), probe["brokenImages"], probe["links"],
-                                 set(probe["ids"]), probe["scrollWidth"], probe["width"])
+                errors = console_errors(browser.events, origin, browser.refused)
+                rep = PageReport(path, errors, probe["brokenImages"], probe["links"], set(probe["ids"]),
+                                 probe["scrollWidth"], probe["width"])
                 rep.errors += [f"HTTP {code} for {url}" for url, code in failures]
                 reports[path] = rep
+                if browser.refused:
+                    outside[path] = browser.refused
                 log(f"{'ok  ' if not rep.problems() else 'FAIL'} {path}")
                 if screenshot is not None and path == shot_page:
                     browser.screenshot(screenshot, max_height)
@@ -347,7 +356,7 @@ def check_site(site: Path, browser_bin: str, screenshot: Path | None = None, sho
     problems += [f"{p}: broken link {msg}" for p, msgs in links.items() for msg in msgs]
     if screenshot is not None and shot_page not in reports:
         problems.append(f"no page {shot_page} to take the screenshot of")
-    return problems, browser.refused
+    return problems, outside
 
 
 def build_site(dest: Path) -> None:
@@ -384,8 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"docs-check: {e}", file=sys.stderr)
         return 2
     if refused:
-        hosts = sorted({urlsplit(u).netloc for u in refused})
-        print(f"outside requests refused (the pages work without them): {', '.join(hosts)}")
+        print("outside requests, refused and not checked (offline, these pages lose what they bring):")
+        by_url: dict[str, list[str]] = {}
+        for page, urls in refused.items():
+            for u in sorted({urlsplit(u).netloc + urlsplit(u).path for u in urls}):
+                by_url.setdefault(u, []).append(page)
+        for u, pages in by_url.items():
+            print(f"  {u}: {', '.join(pages) if len(pages) <= 3 else f'{len(pages)} pages'}")
     if args.screenshot:
         print(f"screenshot: {args.screenshot}")
     took = time.monotonic() - start
