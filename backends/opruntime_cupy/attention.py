@@ -362,6 +362,11 @@ def _cost_flash(problem: Problem, config: Mapping[str, Any]) -> float:
 #: the wgmma kernel's fraction of the dense tensor peak on an H100 (as :data:`FLASH_EFF`): 128x128
 #: 415, 64x64 405, 128x64 377, 64x128 336 TFLOP/s (causal 322, 313, 284, 277)
 WGMMA_EFF = {(128, 128): 0.42, (64, 64): 0.41, (128, 64): 0.38, (64, 128): 0.34}
+#: the same at head dim 64 (B=4 H=32 S=4096 E=64 float16, not causal, 2026-11-24): 64x128 385,
+#: 64x64 337, 128x64 327, 128x128 288 TFLOP/s; causal keeps about 0.65 of it (64x128: 251 at
+#: S=4096, 219 at S=1024), where head dim 128 keeps 0.76
+WGMMA_EFF_64 = {(64, 128): 0.39, (64, 64): 0.34, (128, 64): 0.33, (128, 128): 0.29}
+CAUSAL_EFF_64 = 0.65
 
 
 def _cost_wgmma(problem: Problem, config: Mapping[str, Any]) -> float:
@@ -370,8 +375,10 @@ def _cost_wgmma(problem: Problem, config: Mapping[str, Any]) -> float:
     d, dv = wgmma_dims(problem)
     B, H, L, Ev = problem.out_shape
     E = problem.shapes[0][3]
-    rate = f16 * WGMMA_EFF[(config["BM"], config["BN"])] * (E + Ev) / (d + dv)
-    rate *= CAUSAL_EFF if problem.attrs["causal"] else 1.0
+    narrow = max(d, dv) <= 64
+    rate = f16 * (WGMMA_EFF_64 if narrow else WGMMA_EFF)[(config["BM"], config["BN"])] * (E + Ev) / (d + dv)
+    if problem.attrs["causal"]:
+        rate *= CAUSAL_EFF_64 if narrow else CAUSAL_EFF
     if geometry(problem).mask is not None:
         rate *= 0.8
     S = problem.shapes[1][2]
