@@ -21,7 +21,7 @@ home folder are written as ``~/.cache/opruntime`` and ``~`` in the page.
 
 The check compares the structure of the output, not its every character: each line that starts
 at the left margin (headings, table rows, the explain lines) by its first word, with numbers
-read as 0. A CLI that prints other sections, columns or rows fails it; another machine's CPU
+read as 0 and a table's rule as one character. A CLI that prints other sections, columns or rows fails it; another machine's CPU
 name, core count, versions or timings do not. ``tests/system/test_doc_samples.py`` runs the check.
 """
 
@@ -104,11 +104,12 @@ def run(sample: Sample) -> str:
 
 
 def skeleton(block: str) -> list[str]:
-    """What the check compares: the first word of each line at the left margin, numbers as 0."""
+    """What the check compares: the first word of each line at the left margin, numbers as 0 and a
+    table's rule as one character (its width follows the columns')."""
     words = []
     for line in block.splitlines():
         if line.strip() and not line[0].isspace() and not line.startswith("```"):
-            words.append(re.sub(r"\d+", "0", line.split()[0]))
+            words.append(re.sub(r"([─━═-])\1+", r"\1", re.sub(r"\d+", "0", line.split()[0])))
     return words
 
 
