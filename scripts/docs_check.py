@@ -96,7 +96,7 @@ def site_pages(site: Path) -> list[str]:
         if rel == "404.html":
             continue
         pages.append("/" + (rel[: -len("index.html")] if rel.endswith("index.html") else rel))
-    return pages
+    return sorted(pages)
 
 
 def site_file(site: Path, path: str) -> Path | None:
@@ -312,8 +312,8 @@ def console_errors(events: list[dict[str, Any]], origin: str, refused: set[str] 
         elif ev.get("method") == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
             entry = p["entry"]
             url = entry.get("url", "")
-            if url and not is_local(url, origin):
-                continue  # an outside request we refused
+            if entry.get("source") == "network" or url and not is_local(url, origin):
+                continue  # a failed request: the server reports the local ones, outside ones were refused
             out.append(f"{entry.get('text', '')} {url}".strip())
     firsts = (e.strip().splitlines()[0] if e.strip() else e for e in out)
     return list(dict.fromkeys(e for e in firsts if not any(u in e for u in refused)))
@@ -342,7 +342,8 @@ def check_site(site: Path, browser_bin: str, screenshot: Path | None = None, sho
                 errors = console_errors(browser.events, origin, browser.refused)
                 rep = PageReport(path, errors, probe["brokenImages"], probe["links"], set(probe["ids"]),
                                  probe["scrollWidth"], probe["width"])
-                rep.errors += [f"HTTP {code} for {url}" for url, code in failures]
+                # /favicon.ico: the browser's own guess when a page names no icon, not a request of the page
+                rep.errors += [f"HTTP {code} for {url}" for url, code in failures if url != "/favicon.ico"]
                 reports[path] = rep
                 if browser.refused:
                     outside[path] = browser.refused
