@@ -2,7 +2,7 @@
 
 * ``configuration.md`` from ``opruntime.config`` (``KEYS``, ``OP_KEYS``, ``ENV``, ``TUNE_MODES``,
   ``BUCKETS``, the ``Settings`` defaults and the module docstring's list of sources);
-* ``cli.md`` from the ``opruntime`` command's own argument parser.
+* ``cli.md`` from the ``opruntime`` command's own definition (its click commands).
 
     python docs/gen_reference.py            # rewrite the pages that changed
     python docs/gen_reference.py --check    # exit 1 when a committed page is stale
@@ -142,19 +142,31 @@ def configuration() -> str:
 def cli() -> str:
     import os
 
-    os.environ["COLUMNS"], os.environ["NO_COLOR"] = "100", "1"  # the same text on every terminal
-    from opruntime.tools.cli import build_parser
+    import click
 
-    parser = build_parser()
+    os.environ["COLUMNS"], os.environ["NO_COLOR"] = "100", "1"  # the same text on every terminal
+    from opruntime.tools.cli import cli as command
+
+    def helps(cmd: click.Command, name: str, parent: click.Context | None = None) -> list[tuple[str, str]]:
+        ctx = click.Context(cmd, info_name=name, parent=parent, terminal_width=100,
+                            **{**cmd.context_settings, "max_content_width": 100})
+        out = [(ctx.command_path, cmd.get_help(ctx))]
+        if isinstance(cmd, click.Group):
+            for sub_name, sub in cmd.commands.items():
+                out += helps(sub, sub_name, ctx)
+        return out
+
+    (_, top), *commands = helps(command, "opruntime")
     out = [HEADER.format(source="opruntime/tools/cli.py"), "# Command line: `opruntime`\n\n"]
-    out.append("Generated from the command's own parser. Every command that prints a table also "
-               "prints JSON with `--json` (`bench --json -` prints it instead of the table; "
-               "`bench --json PATH` writes a file).\n\n")
-    out.append(f"```text\n{parser.format_help().rstrip()}\n```\n\n")
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
-    for name, p in sub.choices.items():
-        p.prog = f"opruntime {name}"
-        out.append(f"## `opruntime {name}`\n\n```text\n{p.format_help().rstrip()}\n```\n\n")
+    out.append("Generated from the command's own definition (click). `python -m opruntime` is the same "
+               "command. Every command takes `--json` (strict JSON on stdout instead of the table: no NaN, "
+               "numbers in SI units with the unit in the key, such as `time_s`) and `-o PATH` (the same "
+               "JSON written to PATH, the table still printed). A mistake (a bad value, an unknown "
+               "attribute, a missing file) is one line on stderr and exit status 2; `opruntime --debug "
+               "<command>` shows the traceback. Progress goes to stderr only when it is a terminal.\n\n")
+    out.append(f"```text\n{top.rstrip()}\n```\n\n")
+    for path, text in commands:
+        out.append(f"## `{path}`\n\n```text\n{text.rstrip()}\n```\n\n")
     return "".join(out)
 
 

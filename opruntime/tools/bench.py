@@ -307,41 +307,63 @@ def _no_sync() -> None:
     return None
 
 
-def table(results: Sequence[Result]) -> Table:
-    """One row per case (its time, the p10-p90 spread of its rounds, rate, overhead, selection
-    time, ratio to each peer), then its candidate kernels indented (``--kernels``); a noisy
-    figure ends in ``!`` (see :func:`legend`)."""
-    peer_names = sorted({p for r in results for p in r.peers})
-    head = ["op", "problem", "dtype", "device", "kernel", "time", "p10-p90", "rate", "overhead", "select",
-            *(f"vs {p}" for p in peer_names)]
+def tables(results: Sequence[Result]) -> list[Table]:
+    """The times, then the ratios to the peers (two tables, so that each reads at 100 columns).
+
+    The first has one row per case (its time, the p10-p90 spread of its rounds, rate, overhead,
+    selection time), its candidate kernels indented below it (``--kernels``); the second one
+    column per peer. A noisy figure ends in ``!`` (see :func:`legend`); the device column is
+    left out when every case ran on one device (the heading names it)."""
+    devices = sorted({r.device for r in results})
+    many = len(devices) > 1
+    head = ["case", *(["device"] if many else []), "kernel", "time", "p10-p90", "rate", "overhead", "select"]
     rows: list[list[str]] = []
-    blank = [""] * len(peer_names)
     for r in results:
+        where = [r.device] if many else []
         if r.error:
-            rows.append([r.op, r.problem, r.dtype, r.device, "ERROR", r.error[:60], "", "", "", "", *blank])
+            rows.append([_case(r), *where, "ERROR", r.error[:60], "", "", "", ""])
             continue
-        ratios = r.ratios()
-        flag = {name: " !" if name in r.noisy else "" for name in ("opruntime", *(f"peer:{p}" for p in peer_names))}
         overhead = "~0 (noise)" if "overhead" in r.noisy else seconds(r.overhead_s)
-        rows.append([r.op, r.problem, r.dtype, r.device, r.kernel, seconds(r.time_s),
-                     span(*r.spread_s.get("opruntime", (math.nan, math.nan))) + flag["opruntime"],
-                     f"{r.rate:,.1f} {r.unit}", overhead, seconds(r.select_s),
-                     *(f"{ratios[p]:.2f}x{flag[f'peer:{p}']}" if p in ratios else "-" for p in peer_names)])
+        rows.append([_case(r), *where, r.kernel, seconds(r.time_s), _span(r, "opruntime"),
+                     f"{r.rate:,.1f} {r.unit}", overhead, seconds(r.select_s)])
         for name, t in sorted(r.candidates.items(), key=lambda kv: r.vs_chosen.get(kv[0], math.inf)):
             vs = r.vs_chosen.get(name)
-            noisy = " !" if f"kernel:{name}" in r.noisy else ""
-            rows.append(["", "", "", "", f"  {name}", seconds(t),
-                         span(*r.spread_s.get(f"kernel:{name}", (math.nan, math.nan))) + noisy,
-                         f"{vs:.3f}x the chosen" if vs else "", "", "", *blank])
-    return output.table(head, rows, right=["time", "p10-p90", "rate", "overhead", "select",
-                                           *(f"vs {p}" for p in peer_names)])
+            rows.append(["", *([""] if many else []), f"  {name}", seconds(t), _span(r, f"kernel:{name}"),
+                         f"{vs:.3f}x chosen" if vs else "", "", ""])
+    title = None if many else f"on {devices[0]}" if devices else None
+    out = [output.table(head, rows, right=["time", "p10-p90", "rate", "overhead", "select"], title=title,
+                        wrap=["case", "kernel"])]
+    peer_names = sorted({p for r in results for p in r.peers})
+    if peer_names:
+        ratios = []
+        for r in results:
+            if r.error:
+                continue
+            mine = r.ratios()
+            ratios.append([_case(r), *([r.device] if many else []),
+                           *(f"{mine[p]:.2f}x" + (" !" if f"peer:{p}" in r.noisy else "") if p in mine else "-"
+                             for p in peer_names)])
+        head = ["case", *(["device"] if many else []), *(f"vs {p}" for p in peer_names)]
+        out.append(output.table(head, ratios, right=[f"vs {p}" for p in peer_names], wrap=["case"]))
+    return out
+
+
+def _case(r: Result) -> str:
+    return f"{r.op} {r.problem} {r.dtype}"
+
+
+def _span(r: Result, name: str) -> str:
+    """The p10-p90 spread of one timing of ``r``, ``!`` after it when its rounds were noisy."""
+    lo, hi = r.spread_s.get(name, (math.nan, math.nan))
+    return span(lo, hi) + (" !" if name in r.noisy else "")
 
 
 def legend(results: Sequence[Result]) -> list[str]:
     """The lines under the table: what its columns mean, the noisy figures, the selection summary."""
     lines = ["vs X = X's time / opruntime's, the median of per-round ratios (above 1: opruntime is faster); "
              "p10-p90 = the spread of the rounds; overhead = opruntime's call - the chosen kernel called "
-             "directly (the median of per-round differences); select = a cache-hit selection"]
+             "directly (the median of per-round differences); select = a cache-hit selection; "
+             "a candidate kernel's time / the chosen kernel's (\"x chosen\", paired per round) under the case"]
     noisy = [r for r in results if any(n != "overhead" for n in r.noisy)]
     if noisy:
         lines.append(f"! = noisy: its rounds spread more than {NOISY}x (p90/p10) in {len(noisy)} case(s): "
@@ -353,8 +375,8 @@ def legend(results: Sequence[Result]) -> list[str]:
 
 
 def format_table(results: Sequence[Result], width: int = 100) -> str:
-    """The table and its legend as plain text ``width`` columns wide."""
-    return output.render(table(results), width) + "\n".join(legend(results))
+    """The tables and their legend as plain text ``width`` columns wide."""
+    return "".join(output.render(t, width) for t in tables(results)) + "\n".join(legend(results))
 
 
 def selection_summary(results: Sequence[Result]) -> list[str]:

@@ -109,13 +109,13 @@ def case_options(suites: Sequence[str]) -> Callable[[Callable[..., Any]], Callab
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         options = [
             click.argument("ops", nargs=-1, metavar="[OP]...", callback=_operators),
-            click.option("--shape", "shapes", multiple=True, type=Shapes(),
-                         help="operand shapes, one per operand (repeatable: a case each)"),
+            click.option("--shape", "shapes", multiple=True, type=Shapes(), metavar="SHAPES",
+                         help="operand shapes, e.g. 1024x1024,1024x1024 (repeatable: a case each)"),
             click.option("--dtype", type=click.Choice(FLOAT_ORDER), default="float32", help="the operands' dtype"),
             click.option("--attr", "attrs", multiple=True, type=Attr(),
                          help="an operator attribute, e.g. padding=1 or stride=[2,1] (repeatable)"),
             click.option("--device", "devices", multiple=True, metavar="NAME",
-                         help="device, e.g. cpu or cuda:0 (repeatable)  [default: the configured default]"),
+                         help="device, e.g. cpu or cuda:0 (repeatable)  [default: the first of `opruntime info`]"),
             click.option("--suite", type=click.Choice(suites), default="demo",
                          help="the operators' bench shapes to run when no OP is given"),
         ]
@@ -274,7 +274,7 @@ def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple,
         print(f"wrote {plot_path}", file=sys.stderr)
     data = bench.document(results, targets, {"roofline": roofs} if roofs else None)
     output.emit(data, as_json=as_json, output=output_path,
-                show=lambda: output.show(bench.table(results), *bench.legend(results)))
+                show=lambda: output.show(*bench.tables(results), *bench.legend(results)))
     if any(r.error for r in results):
         raise click.exceptions.Exit(1)
 
@@ -392,13 +392,25 @@ def cache_list(as_json: bool, output_path: str | None) -> None:
 def _entry(e: cache.Entry) -> dict[str, Any]:
     """A cache entry as readable fields (the raw ``key`` kept for the JSON)."""
     fields = problem_fields(e.problem)
+    shown = _unusual(fields)
     cfg = ",".join(f"{k}={v}" for k, v in e.config.items())
     shapes = fields.get("shapes")
     return {"device_name": e.device_name, **fields, "winner": f"{e.kernel}[{cfg}]" if cfg else e.kernel,
             "kernel": e.kernel, "config": e.config, "time_s": e.time_s, "vendor_time_s": e.vendor_time,
             "created": e.created, "candidates": e.candidates, "device": e.device, "key": e.problem,
             "shapes_text": " x ".join("x".join(map(str, s)) or "scalar" for s in shapes) if shapes else e.problem,
-            "attrs_text": ", ".join(f"{k}={v}" for k, v in fields.get("attrs", {}).items()) or "-"}
+            "attrs_text": ", ".join(f"{k}={v}" for k, v in shown.items()) or "-"}
+
+
+def _unusual(fields: dict[str, Any]) -> dict[str, Any]:
+    """The attributes of a cache entry that differ from the operator's defaults (all of them when
+    the defaults cannot be worked out from the key's shapes)."""
+    attrs = fields.get("attrs", {})
+    try:
+        defaults = dict(OPS[fields["op"]].normalize([tuple(s) for s in fields["shapes"]], {}).attrs)
+    except Exception:  # an operator gone, or one that needs attributes: show every attribute
+        return attrs
+    return {k: v for k, v in attrs.items() if k not in defaults or defaults[k] != v}
 
 
 def problem_fields(key: str) -> dict[str, Any]:
@@ -472,10 +484,11 @@ cli.add_command(cache_group, "cache")
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("op", callback=_operators)
-@click.option("--shape", required=True, type=Shapes(), help="operand shapes, one per operand")
+@click.option("--shape", required=True, type=Shapes(), metavar="SHAPES",
+              help="operand shapes, one per operand, e.g. 1024x1024,1024x1024")
 @click.option("--dtype", type=click.Choice(FLOAT_ORDER), default="float32", help="the operands' dtype")
 @click.option("--attr", "attrs", multiple=True, type=Attr(), help="an operator attribute, e.g. axis=0 (repeatable)")
-@click.option("--device", metavar="NAME", help="device, e.g. cpu or cuda:0  [default: the configured default]")
+@click.option("--device", metavar="NAME", help="device, e.g. cpu or cuda:0  [default: the first of `opruntime info`]")
 @json_options
 def explain(op: str, shape: tuple, dtype: str, attrs: tuple, device: str | None, as_json: bool,
             output_path: str | None) -> None:
@@ -503,8 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     state: dict[str, Any] = {"debug": False}
     try:
         try:
-            cli.main(args=list(argv) if argv is not None else None, prog_name="opruntime", standalone_mode=False,
-                     obj=state)
+            status = cli.main(args=list(argv) if argv is not None else None, prog_name="opruntime",
+                              standalone_mode=False, obj=state)
         finally:
             sys.stdout.flush()  # a closed pipe shows here, inside the handler below
     except BrokenPipeError:
@@ -526,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc.code, str):
             return _fail(exc.code, exc, state)
         raise
-    return 0
+    return status if isinstance(status, int) else 0  # an int: click's Exit (bench: 1 when a case failed)
 
 
 def _usage_hint(exc: click.ClickException) -> str:

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from rich import box
 from rich.console import Console, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 #: the width of tables off a terminal when ``COLUMNS`` is unset: wide enough that rows never wrap
 UNWRAPPED = 100_000
@@ -83,19 +84,22 @@ def console(file: TextIO | None = None) -> Console:
     if not tty:
         columns = os.environ.get("COLUMNS", "")
         width = int(columns) if columns.isdigit() and int(columns) > 0 else UNWRAPPED
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False, emoji=False)
+    return Console(file=stream, width=width, highlight=False, soft_wrap=False, emoji=False, markup=False)
 
 
 def table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[str] = (),
-          title: str | None = None) -> Table:
-    """A plain table (a rule under the header, no borders); columns named in ``right`` are
-    right-aligned (numbers)."""
+          wrap: Iterable[str] | None = None, title: str | None = None) -> Table:
+    """A plain table (a rule under the header, no borders, two spaces between columns); columns
+    named in ``right`` are right-aligned (numbers). When it is too wide, the columns named in
+    ``wrap`` (default: all) wrap; the others keep their width."""
     aligned = set(right)
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title=title, title_justify="left")
+    wrapping = set(head if wrap is None else wrap)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title=title,
+              title_justify="left", title_style="", header_style="bold")
     for h in head:
-        t.add_column(h, justify="right" if h in aligned else "left", overflow="fold")
+        t.add_column(h, justify="right" if h in aligned else "left", overflow="fold", no_wrap=h not in wrapping)
     for row in rows:
-        t.add_row(*(str(c) for c in row))
+        t.add_row(*(Text(str(c)) for c in row))  # Text: "[x=1]" in a kernel's label is not markup
     return t
 
 
@@ -110,7 +114,8 @@ def show(*items: RenderableType) -> None:
     import io
 
     buf = io.StringIO()
-    plain = Console(file=buf, width=out.width, highlight=False, soft_wrap=False, emoji=False, color_system=None)
+    plain = Console(file=buf, width=out.width, highlight=False, soft_wrap=False, emoji=False, markup=False,
+                    color_system=None)
     for item in items:
         plain.print(item)
     sys.stdout.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))
@@ -121,7 +126,7 @@ def render(item: RenderableType, width: int = 100) -> str:
     import io
 
     buf = io.StringIO()
-    Console(file=buf, width=width, highlight=False, emoji=False, color_system=None).print(item)
+    Console(file=buf, width=width, highlight=False, emoji=False, markup=False, color_system=None).print(item)
     return "".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines())
 
 

@@ -4,6 +4,7 @@ which the bench times through) and the selection and result checks, on controlle
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 import numpy as np
@@ -69,8 +70,47 @@ def test_table_shows_candidates_against_the_chosen_and_paired_peer_ratios():
     r.peers, r.peer_ratios = {"numpy": 2e-3}, {"numpy": 1.9}
     assert r.ratios() == {"numpy": 1.9}  # the paired figure, not 2e-3 / 1e-3
     table = bench.format_table([r])
-    assert "0.970x the chosen" in table and "1.90x" in table and "selection:" in table
+    assert "0.970x chosen" in table and "1.90x" in table and "selection:" in table
     assert math.isnan(bench.Result("matmul", "8x8", "float32", "cpu").selection_gap)
+
+
+def test_spread_and_paired_difference():
+    assert bench.spread([5.0]) == (5.0, 5.0) and all(math.isnan(x) for x in bench.spread([]))
+    lo, hi = bench.spread([float(i) for i in range(1, 12)])  # 1..11: p10 = 2, p90 = 10
+    assert (lo, hi) == pytest.approx((2.0, 10.0))
+    assert not bench.is_noisy([1.0, 1.1, 1.2, 1.3]) and bench.is_noisy([1.0, 1.0, 3.0, 3.0])
+    # a slow spell in rounds 2 and 3 falls on both: the paired differences stay 1 us
+    ours, direct = [11e-6, 31e-6, 31e-6, 11e-6], [10e-6, 30e-6, 30e-6, 10e-6]
+    median, (p10, p90) = bench.paired_difference(ours, direct)
+    assert median == pytest.approx(1e-6) and p10 == pytest.approx(1e-6) and p90 == pytest.approx(1e-6)
+
+
+def test_noisy_rounds_and_overhead_below_the_noise_are_flagged_never_negative():
+    r = result({})
+    r.candidates = r.vs_chosen = {}
+    r.overhead_s, r.noisy = 0.0, ["opruntime", "overhead"]
+    r.spread_s = {"opruntime": (0.5e-3, 2e-3), "overhead": (-3e-6, 2e-6)}
+    r.rate, r.unit = 1.0, "GB/s"
+    text = bench.format_table([r])
+    row = next(line for line in text.splitlines() if line.startswith("matmul"))
+    assert "~0 (noise)" in row and "0.5-2 ms !" in row and not re.search(r"(?<![\w.])-\d", row)  # nothing negative
+    assert "! = noisy" in text and "~0 (noise) = the overhead came out at or below zero" in text
+    quiet = result({})
+    quiet.candidates = quiet.vs_chosen = {}
+    quiet.overhead_s, quiet.spread_s = 2e-6, {"opruntime": (0.99e-3, 1.01e-3)}
+    quiet_text = bench.format_table([quiet])
+    assert "2.00 us" in quiet_text and "!" not in quiet_text and "noise" not in quiet_text
+
+
+def test_run_case_keeps_the_spread_of_each_timing():
+    import opruntime as opr
+
+    r = bench.run_case(Case(((8, 16),), op="softmax"), opr.Device("cpu"), repeats=5, peers=["numpy"])
+    assert not r.error and set(r.spread_s) == {"opruntime", "direct", "overhead", "peer:numpy"}
+    lo, hi = r.spread_s["opruntime"]
+    assert lo <= r.time_s <= hi and r.overhead_s >= 0
+    assert ("overhead" in r.noisy) == (r.overhead_s == 0.0)
+    assert all(n in {"opruntime", "direct", "peer:numpy", "overhead"} for n in r.noisy)
 
 
 def test_kernels_run_checks_selection():
