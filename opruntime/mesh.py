@@ -130,16 +130,20 @@ class Mesh:
 
     @property
     def engine(self) -> Any:
-        """The backend's :class:`~opruntime.hookspecs.MeshEngine` for these members, made once."""
+        """The backend's :class:`~opruntime.hookspecs.MeshEngine` for these members, made once
+        per list of members (meshes over the same devices share it: one NCCL communicator)."""
         if self._engine is None:
-            providers = [d.provider for d in self.members]
-            engine = providers[0].mesh_engine(providers)
+            engine = ENGINES.get(self.names)
             if engine is None:
-                if len(providers) > 1:
-                    raise DeviceError(f"mesh: {self.kind} devices have no collective engine, so a mesh of several "
-                                      f"is not possible ({', '.join(self.names)}); use jax or cuda devices, or a "
-                                      f"one-device mesh")
-                engine = _Alone()
+                providers = [d.provider for d in self.members]
+                engine = providers[0].mesh_engine(providers)
+                if engine is None:
+                    if len(providers) > 1:
+                        raise DeviceError(f"mesh: {self.kind} devices have no collective engine, so a mesh of "
+                                          f"several is not possible ({', '.join(self.names)}); use jax or cuda "
+                                          f"devices, or a one-device mesh")
+                    engine = _Alone()
+                ENGINES[self.names] = engine
             self._engine = engine
         return self._engine
 
@@ -507,6 +511,9 @@ def _on_first(where: Mesh, t: Tensor) -> MeshTensor:
                                           for d in where.members[1:]], 0)
 
 
+#: member names -> their engine (forgotten when the registry is rebuilt)
+ENGINES: dict[tuple[str, ...], Any] = {}
+reset_listeners.append(ENGINES.clear)
 #: decisions, by call: (op, mesh, each operand's shape / dtype / layout, attributes, settings)
 decisions = LRU("mesh decisions")
 reset_listeners.append(decisions.clear)
