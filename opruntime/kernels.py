@@ -114,6 +114,14 @@ def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+class Refusal(str):
+    """A ``supports`` answer that is false but says why (a reason string whose truth value is
+    False): the selector sees a refusal, a person reading ``explain`` sees the reason."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
 def _always(problem: Problem) -> bool:
     return True
 

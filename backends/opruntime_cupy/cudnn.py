@@ -53,7 +53,7 @@ from functools import cache
 from typing import Any
 
 from opruntime.errors import KernelError
-from opruntime.kernels import Kernel, Problem, c_strides, itemsize
+from opruntime.kernels import Kernel, Problem, Refusal, c_strides, itemsize
 
 from . import memory
 
@@ -86,14 +86,6 @@ TRANSPOSE_EFF = 0.25  # of the memory bandwidth: CuPy's copies to and from chann
 CONV_CONFIGS = ({"layout": "nhwc"}, {"layout": "nchw"})
 MEASURE_PLANS = 4  # convolution plans built and timed in prepare (cuDNN's first is often not its fastest)
 SOURCE = "cudnn graph API (nvidia-cudnn-frontend), opruntime_cupy/cudnn.py v1"
-
-
-class Refusal(str):
-    """A ``supports`` answer that is false but says why (a reason string whose truth value is
-    False): the selector sees a refusal, a person reading it sees the reason."""
-
-    def __bool__(self) -> bool:
-        return False
 
 
 # -- availability ---------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from opruntime.kernels import Kernel, Problem, itemsize
+from opruntime.kernels import Kernel, Problem, Refusal, itemsize
 
 from . import pallas_attention
 from .compile import JitKernel, device_cost, io_bytes, matmul_precision, platform, round_up
@@ -78,9 +78,14 @@ def _flops(problem: Problem) -> float:
 XLA_SCORE_BYTES = 1 << 30
 
 
-def xla_supports(problem: Problem) -> bool:
+def xla_supports(problem: Problem) -> bool | Refusal:
     B, H, L, S, *_ = _sizes(problem)
-    return B * H * L * S * 4 <= XLA_SCORE_BYTES
+    if B * H * L * S * 4 > XLA_SCORE_BYTES:
+        return Refusal(f"its float32 scores would take {B * H * L * S * 4 / 2**30:.1f} GiB")
+    if L == S == 1 and problem.dtype in ("float16", "bfloat16") and platform(problem) == "gpu":
+        # seen on an H100 (jax 0.11.2): "Unsupported dot precision algorithm" for a 1 x 1 score
+        return Refusal("XLA's GPU dot rejects the half-precision algorithm of a 1 x 1 score matrix")
+    return True
 
 
 def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:

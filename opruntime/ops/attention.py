@@ -69,6 +69,8 @@ CASES = [
     _at((1, 2, 33, 96), (1, 2, 70, 96), (1, 2, 70, 40), mask=("float", (33, 1))),
     _at((1, 1, 1), (1, 1, 1)),
     _at((3, 1, 24), (3, 1, 24), is_causal=True),
+    _at((2, 3, 1, 16), (2, 3, 37, 16), is_causal=True),  # one query (decoding): causal sees key 0 only
+    _at((2, 3, 1, 16), (2, 3, 37, 16), (2, 3, 37, 24)),  # one query against every key
     _at((2, 2, 3, 2, 8), (2, 2, 3, 5, 8), mask=("bool", (2, 2, 1, 2, 5))),
     _at((1, 1, 20, 256), (1, 1, 19, 256), (1, 1, 19, 200), is_causal=True),
     _at((2, 12, 16), (2, 20, 16), views=("T", "T", "T")),
