@@ -28,14 +28,14 @@ mkdir -p "$OUTDIR"
 opr() { python3 -m opruntime.tools "$@"; }   # the `opruntime` command, whatever PATH holds
 opr info > "$OUTDIR/info.txt" 2>&1
 # 1. the GPU benchmark suite on cuda:0, every candidate kernel timed, peers in the same run
-opr bench --suite gpu --kernels --device cuda:0 --json "$OUTDIR/bench-cuda.json" \
+opr bench --suite gpu --kernels --device cuda:0 --output "$OUTDIR/bench-cuda.json" \
   2>"$OUTDIR/bench-cuda.err" | tee "$OUTDIR/bench-cuda.txt"
 # 2. OpenCL and JAX on the GPU beside cuda:0 (cuBLAS), in one process: every candidate (each OpenCL
 #    and Pallas config), the peers, and the per-call cost
 for args in "matmul --shape 4096x4096,4096x4096" "softmax --shape 8192x8192" "--suite overhead"; do
   name=${args#--suite }; name=${name%% *}
   opr bench $args --kernels --device opencl:gpu --device jax:gpu --device cuda:0 \
-    --json "$OUTDIR/bench-cl-jax-$name.json" 2>>"$OUTDIR/bench-cl-jax.err" | tee -a "$OUTDIR/bench-cl-jax.txt"
+    --output "$OUTDIR/bench-cl-jax-$name.json" 2>>"$OUTDIR/bench-cl-jax.err" | tee -a "$OUTDIR/bench-cl-jax.txt"
 done
 # 3. the GPU tests: CUDA, OpenCL on the GPU and JAX on the GPU
 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUTDIR/gpu-tests.log" | tail -30

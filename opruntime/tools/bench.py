@@ -376,7 +376,7 @@ def legend(results: Sequence[Result]) -> list[str]:
 
 def format_table(results: Sequence[Result], width: int = 100) -> str:
     """The tables and their legend as plain text ``width`` columns wide."""
-    return "".join(output.render(t, width) for t in tables(results)) + "\n".join(legend(results))
+    return "".join(output.render(item, width) for item in [*tables(results), *legend(results)])
 
 
 def selection_summary(results: Sequence[Result]) -> list[str]:

@@ -5,9 +5,9 @@ the table, ``-o/--output PATH`` writes the same JSON to a file (the table still 
 is strict (``allow_nan=False``: NaN and infinities become ``null``) and its numbers are in SI
 units, the unit in the key's name (``time_s``, ``bytes``).
 
-Tables are rich tables: fitted to the terminal on a terminal; elsewhere (a pipe, a log, a file)
-plain text with no colour, at the width ``COLUMNS`` gives, or unwrapped when it is unset, so
-that ``grep`` finds whole rows.
+Tables are rich tables: fitted to the terminal on a terminal (readable at 100 columns: long
+cells wrap); elsewhere (a pipe, a log, a file) plain text with no colour and no wrapping, so that
+``grep`` finds whole rows.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-#: the width of tables off a terminal when ``COLUMNS`` is unset: wide enough that rows never wrap
+#: the width of tables off a terminal: wide enough that rows never wrap
 UNWRAPPED = 100_000
 
 
@@ -76,15 +75,12 @@ def emit(data: Any, *, as_json: bool, output: str | None, show: Any) -> None:
 
 
 def console(file: TextIO | None = None) -> Console:
-    """A console on ``file`` (stdout): rich's own width on a terminal; off one, ``COLUMNS`` or no
-    wrapping at all, and no colour."""
+    """A console on ``file`` (stdout): on a terminal, rich's own (the terminal's width, colour);
+    off one, no colour and no wrapping, whatever ``COLUMNS`` says, so that a log keeps whole rows."""
     stream = file if file is not None else sys.stdout
     tty = bool(getattr(stream, "isatty", lambda: False)())
-    width = None
-    if not tty:
-        columns = os.environ.get("COLUMNS", "")
-        width = int(columns) if columns.isdigit() and int(columns) > 0 else UNWRAPPED
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False, emoji=False, markup=False)
+    return Console(file=stream, width=None if tty else UNWRAPPED, highlight=False, soft_wrap=False, emoji=False,
+                   markup=False)
 
 
 def table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[str] = (),

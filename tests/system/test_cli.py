@@ -223,16 +223,22 @@ def test_cache_export_and_import_round_trip(tmp_path: Path, capsys: pytest.Captu
 
 
 # -- tables, progress ----------------------------------------------------------------------------------
-def test_tables_fit_100_columns_and_are_plain_off_a_terminal(tmp_path: Path) -> None:
-    env_args = ("bench", "softmax", "--shape", "8x16", "--shape", "2x3x50", "--repeats", "3", "--peers", "numpy")
-    out = subprocess.run([sys.executable, "-m", "opruntime", *env_args], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "COLUMNS": "100", "OPRUNTIME_PLUGINS": "numpy", "PYTHONPATH": str(ROOT),
-                              "OPRUNTIME_CACHE_DIR": str(tmp_path)}, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert all(len(line) <= 100 for line in lines) and "\x1b[" not in out.stdout  # no colour codes
-    assert any(line.startswith("softmax") and "numpy.softmax" in line for line in lines)
-    assert out.stderr == "" and "\r" not in out.stderr  # progress: nothing at all off a terminal
+def test_tables_fit_100_columns_and_are_plain_off_a_terminal(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    cpu = opr.Device("cpu")
+    results = [bench.run_case(Case(((2, 8, 12, 12), (8, 8, 3, 3)), {"padding": 1}, op="conv2d"), cpu, repeats=3,
+                              kernels=True, peers=["numpy", "torch", "jax", "onnx"]),
+               bench.run_case(Case(((8, 16),), op="softmax"), cpu, repeats=3, peers=["numpy", "torch", "jax"])]
+    text = bench.format_table(results, width=100)  # as a 100-column terminal shows it
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+    cells = " ".join(text.split())
+    assert "numpy.conv2d." in text and "softmax 8x16 float32" in cells and "vs numpy" in text
+    assert main(["info"]) == 0  # off a terminal (captured): plain text, whole rows, no colour
+    info = capsys.readouterr().out
+    assert "\x1b[" not in info and any(line.split()[:2] == ["cpu", "x86_64"] or line.startswith("cpu ")
+                                        for line in info.splitlines())
+    rows = [line for line in info.splitlines() if line.startswith("scaled_dot_product_attention(")]
+    assert rows and "enable_gqa)" in rows[0]  # not wrapped
 
 
 def test_progress_is_silent_off_a_terminal() -> None:

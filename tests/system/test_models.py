@@ -155,7 +155,7 @@ def test_models_bench_quick(tmp_path: Path) -> None:
 
     path = tmp_path / "models.json"
     assert main(["bench", "--suite", "models", "--quick", "--device", "cpu", "--repeats", "1",
-                 "--json", str(path)]) == 0
+                 "--output", str(path)]) == 0
     results = {r["op"]: r for r in json.loads(path.read_text())["results"]}
     assert set(results) == {"transformer_block", "resnet50"}
     for r in results.values():
