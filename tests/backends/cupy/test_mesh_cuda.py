@@ -69,12 +69,16 @@ def test_sharded_model_operators(names, rng):
     _check("scaled_dot_product_attention", opr.scaled_dot_product_attention(*heads), q, k, v, dtype="float16")
 
 
-def test_whole_strategy_gathers_through_the_engine(names, rng):
+def test_whole_strategy_and_the_engine_copy(names, rng):
     m = opr.mesh(names, policy="always")
     x = rng.standard_normal((9, 5)).astype(np.float32)
     out = opr.softmax(opr.tensor(x, device=m), axis=0)  # along the split axis: gathered on cuda:0
     assert out.pieces[0].device.name == names[0] and out.counts[0] == 9
     _check("softmax", out, x, axis=0, dtype="float32")
+    src, last = out.pieces[0].data, m.members[-1].provider  # the engine's device-to-device copy
+    moved = m.engine.move(src, last)
+    assert moved is not src and moved.device.id == last.index
+    assert np.array_equal(moved.get(), src.get())
 
 
 def test_a_small_matmul_stays_on_one_gpu(names, rng):
