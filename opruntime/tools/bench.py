@@ -323,7 +323,7 @@ def tables(results: Sequence[Result]) -> list[Table]:
         if r.error:
             rows.append([_case(r), *where, "ERROR", r.error[:60], "", "", "", ""])
             continue
-        overhead = "~0 (noise)" if "overhead" in r.noisy else seconds(r.overhead_s)
+        overhead = "~0 (noise)" if "overhead" in r.noisy else seconds(r.overhead_s) + _straddles(r)
         rows.append([_case(r), *where, r.kernel, seconds(r.time_s), _span(r, "opruntime"),
                      f"{r.rate:,.1f} {r.unit}", overhead, seconds(r.select_s)])
         for name, t in sorted(r.candidates.items(), key=lambda kv: r.vs_chosen.get(kv[0], math.inf)):
@@ -352,6 +352,12 @@ def _case(r: Result) -> str:
     return f"{r.op} {r.problem} {r.dtype}"
 
 
+def _straddles(r: Result) -> str:
+    """``" !"`` when the per-round differences behind a positive overhead reach zero or below."""
+    lo = r.spread_s.get("overhead", (math.nan, math.nan))[0]
+    return " !" if lo <= 0 else ""
+
+
 def _span(r: Result, name: str) -> str:
     """The p10-p90 spread of one timing of ``r``, ``!`` after it when its rounds were noisy."""
     lo, hi = r.spread_s.get(name, (math.nan, math.nan))
@@ -364,10 +370,11 @@ def legend(results: Sequence[Result]) -> list[str]:
              "p10-p90 = the spread of the rounds; overhead = opruntime's call - the chosen kernel called "
              "directly (the median of per-round differences); select = a cache-hit selection; "
              "a candidate kernel's time / the chosen kernel's (\"x chosen\", paired per round) under the case"]
-    noisy = [r for r in results if any(n != "overhead" for n in r.noisy)]
+    noisy = [r for r in results if any(n != "overhead" for n in r.noisy) or _straddles(r)]
     if noisy:
-        lines.append(f"! = noisy: its rounds spread more than {NOISY}x (p90/p10) in {len(noisy)} case(s): "
-                     "a busy machine; run again with more --repeats, or on a quieter machine")
+        lines.append(f"! = noisy, in {len(noisy)} case(s): its rounds spread more than {NOISY}x (p90/p10), or, "
+                     "for an overhead, its per-round differences reach zero: a busy machine; run again with more "
+                     "--repeats, or on a quieter machine")
     if any("overhead" in r.noisy for r in results):
         lines.append("~0 (noise) = the overhead came out at or below zero: smaller than the noise of the "
                      "two timings it is the difference of")

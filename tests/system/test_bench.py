@@ -100,6 +100,8 @@ def test_noisy_rounds_and_overhead_below_the_noise_are_flagged_never_negative():
     quiet.overhead_s, quiet.spread_s = 2e-6, {"opruntime": (0.99e-3, 1.01e-3)}
     quiet_text = bench.format_table([quiet])
     assert "2.00 us" in quiet_text and "!" not in quiet_text and "noise" not in quiet_text
+    quiet.spread_s["overhead"] = (-1e-6, 4e-6)  # positive, but some rounds' differences were not
+    assert "2.00 us !" in bench.format_table([quiet])
 
 
 def test_run_case_keeps_the_spread_of_each_timing():
