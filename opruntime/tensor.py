@@ -57,6 +57,9 @@ class Tensor:
 
     def __init__(self, data: Any, device: Device | str | None = None, dtype: Any = None) -> None:
         t = tensor(data, device=device, dtype=dtype)
+        if not isinstance(t, Tensor):  # a mesh: opr.tensor gives a MeshTensor (opruntime.mesh)
+            raise InputTypeError(f"Tensor(...) is one device's; use opr.tensor(x, device=mesh) for a mesh "
+                                 f"(got device={device!r})")
         self._data, self._device, self._key = t._data, t._device, None
 
     @classmethod

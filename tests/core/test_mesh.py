@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import opruntime as opr
-from opruntime.errors import AttributeValueError, DeviceError, DeviceMismatchError
+from opruntime.errors import AttributeValueError, DeviceError, DeviceMismatchError, InputTypeError
 from opruntime.mesh import MeshTensor, counts
 from opruntime.testing.numerics import TOLERANCE, rel_err
 
@@ -71,6 +71,8 @@ def test_mesh_tensor_reads_like_a_tensor(rng):
     single = t.to("cpu")
     assert isinstance(single, opr.Tensor) and np.array_equal(single.numpy(), x.astype(np.float64))
     assert m.replicate(x).layout() == "replicated" and opr.tensor(t) is t
+    with pytest.raises(InputTypeError, match="opr.tensor"):
+        opr.Tensor(x, device=m)
 
 
 def test_mesh_refusals(fake):
