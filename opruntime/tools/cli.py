@@ -43,32 +43,25 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_con
 
 
 # -- option types and shared options ----------------------------------------------------------------
-class Shapes(click.ParamType):
-    """``--shape 1024x1024,1024x1024``: one shape per operand."""
+class Parsed(click.ParamType):
+    """An option value read by one of the bench's parsers, whose typed error becomes click's
+    one-line usage error: ``Parsed("SHAPES", bench.parse_shapes)`` (``1024x1024,1024x1024``),
+    ``Parsed("NAME=VALUE", bench.parse_attr)`` (``padding=1``)."""
 
-    name = "AxB,CxD"
+    def __init__(self, name: str, parse: Callable[[str], Any]) -> None:
+        self.name, self.parse = name, parse
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
+        if not isinstance(value, str):  # a default, already parsed
             return value
         try:
-            return bench.parse_shapes(value)
+            return self.parse(value)
         except OpRuntimeError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class Attr(click.ParamType):
-    """``--attr padding=1``: an operator attribute, its value as JSON or Python's constants."""
-
-    name = "NAME=VALUE"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
-            return value
-        try:
-            return bench.parse_attr(value)
-        except OpRuntimeError as exc:
-            self.fail(str(exc), param, ctx)
+SHAPES = Parsed("SHAPES", bench.parse_shapes)
+ATTR = Parsed("NAME=VALUE", bench.parse_attr)
 
 
 def _operators(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -109,10 +102,10 @@ def case_options(suites: Sequence[str]) -> Callable[[Callable[..., Any]], Callab
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         options = [
             click.argument("ops", nargs=-1, metavar="[OP]...", callback=_operators),
-            click.option("--shape", "shapes", multiple=True, type=Shapes(), metavar="SHAPES",
+            click.option("--shape", "shapes", multiple=True, type=SHAPES,
                          help="operand shapes, e.g. 1024x1024,1024x1024 (repeatable: a case each)"),
             click.option("--dtype", type=click.Choice(FLOAT_ORDER), default="float32", help="the operands' dtype"),
-            click.option("--attr", "attrs", multiple=True, type=Attr(),
+            click.option("--attr", "attrs", multiple=True, type=ATTR,
                          help="an operator attribute, e.g. padding=1 or stride=[2,1] (repeatable)"),
             click.option("--device", "devices", multiple=True, metavar="NAME",
                          help="device, e.g. cpu or cuda:0 (repeatable)  [default: the first of `opruntime info`]"),
@@ -444,9 +437,7 @@ def cache_export(path: str, as_json: bool, output_path: str | None) -> None:
     Example:
       opruntime cache export tuned.json
     """
-    n = cache.tuning_cache().export(path)
-    output.emit({"exported": n, "path": path}, as_json=as_json, output=output_path,
-                show=lambda: print(f"exported {n} entries to {path}"))
+    _counted("exported", cache.tuning_cache().export(path), "to", path, as_json, output_path)
 
 
 @cache_group.command("import", context_settings=CONTEXT)
@@ -459,9 +450,7 @@ def cache_import(path: str, as_json: bool, output_path: str | None) -> None:
     Example:
       opruntime cache import tuned.json
     """
-    n = cache.tuning_cache().import_(path)
-    output.emit({"imported": n, "path": path}, as_json=as_json, output=output_path,
-                show=lambda: print(f"imported {n} entries from {path}"))
+    _counted("imported", cache.tuning_cache().import_(path), "from", path, as_json, output_path)
 
 
 @cache_group.command("clear", context_settings=CONTEXT)
@@ -474,9 +463,13 @@ def cache_clear(as_json: bool, output_path: str | None) -> None:
       opruntime cache clear
     """
     store = cache.tuning_cache()
-    n = store.clear()
-    output.emit({"removed": n, "path": str(store.path)}, as_json=as_json, output=output_path,
-                show=lambda: print(f"removed {n} entries from {store.path}"))
+    _counted("removed", store.clear(), "from", str(store.path), as_json, output_path)
+
+
+def _counted(verb: str, n: int, preposition: str, path: str, as_json: bool, output_path: str | None) -> None:
+    """What ``cache export``, ``import`` and ``clear`` did: ``{verb: n, "path": path}`` or a sentence."""
+    output.emit({verb: n, "path": path}, as_json=as_json, output=output_path,
+                show=lambda: print(f"{verb} {n} entries {preposition} {path}"))
 
 
 cli.add_command(cache_group, "cache")
@@ -484,10 +477,10 @@ cli.add_command(cache_group, "cache")
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("op", callback=_operators)
-@click.option("--shape", required=True, type=Shapes(), metavar="SHAPES",
+@click.option("--shape", required=True, type=SHAPES,
               help="operand shapes, one per operand, e.g. 1024x1024,1024x1024")
 @click.option("--dtype", type=click.Choice(FLOAT_ORDER), default="float32", help="the operands' dtype")
-@click.option("--attr", "attrs", multiple=True, type=Attr(), help="an operator attribute, e.g. axis=0 (repeatable)")
+@click.option("--attr", "attrs", multiple=True, type=ATTR, help="an operator attribute, e.g. axis=0 (repeatable)")
 @click.option("--device", metavar="NAME", help="device, e.g. cpu or cuda:0  [default: the first of `opruntime info`]")
 @json_options
 def explain(op: str, shape: tuple, dtype: str, attrs: tuple, device: str | None, as_json: bool,
