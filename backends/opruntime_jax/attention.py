@@ -82,9 +82,9 @@ def xla_supports(problem: Problem) -> bool | Refusal:
     B, H, L, S, *_ = _sizes(problem)
     if B * H * L * S * 4 > XLA_SCORE_BYTES:
         return Refusal(f"its float32 scores would take {B * H * L * S * 4 / 2**30:.1f} GiB")
-    if L == S == 1 and problem.dtype in ("float16", "bfloat16") and platform(problem) == "gpu":
-        # seen on an H100 (jax 0.11.2): "Unsupported dot precision algorithm" for a 1 x 1 score
-        return Refusal("XLA's GPU dot rejects the half-precision algorithm of a 1 x 1 score matrix")
+    if min(L, S) == 1 and problem.dtype in ("float16", "bfloat16") and platform(problem) == "gpu":
+        # seen on an H100 (jax 0.11.2): "Unsupported dot precision algorithm" at L = 1 (S = 1 and 37)
+        return Refusal("XLA's GPU dot rejects the half-precision algorithm of a one-row score (L or S = 1)")
     return True
 
 
