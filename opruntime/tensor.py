@@ -534,7 +534,8 @@ def _refuse_untakeable(op: str, x: Any, name: str) -> None:
             f"{op}: operand {name} is a JAX tracer: the call is inside jax.jit (or grad, vmap, scan...), but "
             f"opruntime runs eagerly, on concrete arrays, and cannot be traced. Call opr.{op} outside the "
             f"transformed function, or call it from inside through a host callback: "
-            f"jax.pure_callback(lambda a: np.asarray(opr.{op}(a)), jax.ShapeDtypeStruct(shape, dtype), {name})")
+            f"jax.pure_callback(lambda a: np.asarray(opr.{op}(np.asarray(a))), jax.ShapeDtypeStruct(shape, dtype), "
+            f"{name})")
     if getattr(x, "requires_grad", False) is True and cls.__module__.startswith("torch"):
         raise InputTypeError(
             f"{op}: operand {name} is a torch tensor that requires grad; opruntime records no gradients, so its "
