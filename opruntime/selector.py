@@ -184,7 +184,8 @@ class Plan:
     """
 
     __slots__ = ("_lock", "aliasable", "casts", "device", "launch", "launch_of", "op", "order", "out_cls", "out_dtype",
-                 "out_shape", "plain", "problem", "result_shape", "rows", "settings", "trivial", "views", "why")
+                 "out_reshape", "out_shape", "plain", "problem", "reshapes", "result_shape", "rows", "settings",
+                 "trivial", "views", "why")
 
     def __init__(self, op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
                  casts: tuple[bool, ...], in_shapes: tuple[tuple[int, ...], ...]) -> None:
@@ -203,9 +204,13 @@ class Plan:
         if not norm.trivial:
             check_fits(problem, device)
             self.order, self.rows, self.why = rank(problem, device, s)
-        # the call's shapes are part of the plan's key, so whether views are needed is known now
-        self.plain = (self.casts is None and not self.trivial and self.result_shape == problem.out_shape
-                      and tuple(in_shapes) == self.views)
+        # the call's shapes are part of the plan's key, so the views it needs are known now: the hot
+        # path takes a plan with no casts, reshaping operands (a linear's (B, S, d) to (B*S, d)) and
+        # the result as the slow path does
+        self.plain = self.casts is None and not self.trivial
+        self.reshapes = None if tuple(in_shapes) == self.views else \
+            tuple(None if tuple(have) == want else want for have, want in zip(in_shapes, self.views))
+        self.out_reshape = None if self.result_shape == problem.out_shape else self.result_shape
         self.launch: Callable[..., Any] | None = None  # the hot path, armed after a checked first call
         self.launch_of: Candidate | None = None
         self.out_cls: type | None = None
@@ -225,26 +230,35 @@ class Plan:
 
     def __call__(self, datas: list[Any]) -> Any:
         launch = self.launch
-        if launch is not None and not _tracing:  # the hot path: no casts, no reshapes, no trace
-            try:
-                out = launch(*datas)
-            except (MemoryError, DeviceUnavailableError) as exc:
-                raise _fatal(self, exc)  # noqa: B904 (the error itself, or one with its cause set)
-            except Exception as exc:
-                return self._failed(launch, datas, exc)
-            # NumPy's dtypes are singletons, so `is` is the cheap test; a miss is checked in full. An
-            # operand handed back as the result is caught too (identity, for operands of its shape)
-            if out.__class__ is self.out_cls and (out.dtype is self.out_dtype or out.dtype == self.out_dtype) \
-                    and out.shape == self.out_shape:
-                for i in self.aliasable:
-                    if out is datas[i]:
-                        break
-                else:
-                    return out
-            return self._failed(launch, datas, KernelError(self._wrong(out, datas) or "a result unlike the first"))
+        if launch is not None and not _tracing:  # the hot path: no casts, no trace
+            if self.reshapes is None:
+                out = self._hot(launch, datas)
+            else:
+                out = self._hot(launch, [d if s is None else d.reshape(s) for d, s in zip(datas, self.reshapes)])
+            return out if self.out_reshape is None else out.reshape(self.out_reshape)
         if _tracing:
             return self._traced(datas)
         return self._call(datas)
+
+    def _hot(self, launch: Callable[..., Any], datas: list[Any]) -> Any:
+        """The armed launch on the kernel's views, with the cheap result check (a failure or a wrong
+        result falls back to :meth:`_run`, which drops the kernel)."""
+        try:
+            out = launch(*datas)
+        except (MemoryError, DeviceUnavailableError) as exc:
+            raise _fatal(self, exc)  # noqa: B904 (the error itself, or one with its cause set)
+        except Exception as exc:
+            return self._failed(launch, datas, exc)
+        # NumPy's dtypes are singletons, so `is` is the cheap test; a miss is checked in full. An
+        # operand handed back as the result is caught too (identity, for operands of its shape)
+        if out.__class__ is self.out_cls and (out.dtype is self.out_dtype or out.dtype == self.out_dtype) \
+                and out.shape == self.out_shape:
+            for i in self.aliasable:
+                if out is datas[i]:
+                    break
+            else:
+                return out
+        return self._failed(launch, datas, KernelError(self._wrong(out, datas) or "a result unlike the first"))
 
     def _failed(self, launch: Any, datas: list[Any], exc: Exception) -> Any:
         c = self.launch_of
