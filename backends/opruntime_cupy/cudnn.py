@@ -397,6 +397,12 @@ def prepare_sdpa(problem: Problem, config: Mapping[str, Any]) -> Callable[..., A
     mshape = problem.shapes[3] if mask_kind is not None else None
     layouts = [usable(sh, st, 2) or c_strides(sh) for sh, st in zip(problem.shapes[:3], problem.strides[:3])]
     out_shape = (b, hq, L, ev)
+    # the output in q's order of heads and queries, as torch's attention does: a (B, L, H, Ev) buffer
+    # when q is a view of one (heads split from a (B, L, 3*H*E) projection), so that joining the heads
+    # after (y.permute(0, 2, 1, 3).reshape(B, L, H*Ev)) is a view, not a copy
+    heads_inner = hq > 1 and L > 1 and layouts[0][1] < layouts[0][2]
+    out_phys = (b, L, hq, ev) if heads_inner else out_shape
+    out_strides = (L * hq * ev, ev, hq * ev, 1) if heads_inner else c_strides(out_shape)
     with_bias = mshape is not None and mshape[3] == s  # one column: no bias, only the rows' fix
     in_place = usable(mshape, problem.strides[3], 2) if with_bias and mask_kind == "float" else None
 
@@ -429,7 +435,7 @@ def prepare_sdpa(problem: Problem, config: Mapping[str, Any]) -> Callable[..., A
             o, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=False, **kw)
         except TypeError:  # frontends before generate_stats
             o, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, is_inference=True, **kw)
-        o.set_output(True).set_dim(list(out_shape)).set_stride(list(c_strides(out_shape))).set_data_type(io)
+        o.set_output(True).set_dim(list(out_shape)).set_stride(list(out_strides)).set_data_type(io)
         return Runner(g, dev, (tq, tk, tv, tb, o), build(g, dtype))
 
     errors: list[str] = []
@@ -472,9 +478,10 @@ def prepare_sdpa(problem: Problem, config: Mapping[str, Any]) -> Callable[..., A
             with cupy.cuda.Device(dev):
                 return launch(q, k, v, mask)
         q, k, v = (like(a, st) for a, st in zip((q, k, v), layouts))
-        out = memory.empty(out_shape, np_dt, label)
+        buf = memory.empty(out_phys, np_dt, label)
+        out = buf.transpose(0, 2, 1, 3) if heads_inner else buf
         bias = bias_of(mask) if tb is not None else None
-        runner((q.data.ptr, k.data.ptr, v.data.ptr, None if bias is None else bias.data.ptr, out.data.ptr))
+        runner((q.data.ptr, k.data.ptr, v.data.ptr, None if bias is None else bias.data.ptr, buf.data.ptr))
         if fix is not None:
             fix(mask, out)
         return out

@@ -21,6 +21,9 @@ and its mask columns 1 or S: output (b, h, i) reads ``q[b % Bq, h // (H // Hq), 
 ``attrs``: ``scale`` (a float), ``causal`` (bool), ``mask`` (None, ``"bool"`` or ``"float"``). A
 boolean mask keeps its dtype (``problem.dtypes[3] == "bool"``); a float mask is cast to the
 computation dtype, which q, k and v alone decide (an fp32 mask with fp16 q gives fp16, as torch).
+A kernel may give the output in q's order of heads and queries, as torch does: (B, L, H, Ev) memory
+seen as (B, H, L, Ev) when q is a view of a (B, L, H, E) buffer (heads split from a projection), so
+that joining the heads after is a view (the result's strides say so; cuDNN's candidate does this).
 """
 
 from __future__ import annotations

@@ -284,7 +284,10 @@ def run_sdpa(cp, cuda, rng, qs, ks, vs, dtype, mask=None, views=(None, None, Non
     assert cudnn.supports_sdpa(p), cudnn.supports_sdpa(p)
     launch = cudnn.prepare_sdpa(p, {})
     out = launch(*(d.reshape(s) for d, s in zip(devs, p.shapes)))
-    assert out.shape == p.out_shape and out.dtype == dt and out.flags.c_contiguous
+    assert out.shape == p.out_shape and out.dtype == dt
+    # the output in q's order of heads and queries (as torch's): (B, L, H, Ev) memory for a "bshd" q
+    heads_inner = views[0] == "bshd" and p.shapes[0][1] > 1 and p.shapes[0][2] > 1
+    assert (out.transpose(0, 2, 1, 3) if heads_inner else out).flags.c_contiguous
     ref = ATT.reference(*(h.astype(np.float64) for h in hosts),
                         None if mask is None else (mask if mask.dtype == np.bool_ else mask.astype(np.float64)),
                         **attrs).reshape(p.out_shape)
@@ -356,6 +359,22 @@ def test_sdpa_strided_and_misaligned_operands(cp, cuda, rng, views):
 
 
 @pytest.mark.gpu
+def test_heads_split_from_a_projection_join_again_without_a_copy(cp, cuda, rng):
+    """The transformer block's pattern: q, k, v split by views from one (B, L, 3, H, E) projection;
+    cuDNN writes the result in q's (B, L, H, E) order, so joining the heads is a view of it."""
+    B, L, H, E = 2, 40, 4, 64
+    qkv = (rng.standard_normal((B, L, 3, H, E)) * 0.5).astype(np.float16)
+    t = opr.tensor(qkv, device=cuda).permute(2, 0, 3, 1, 4)
+    with opr.override(ops={ATT.name: {"kernel": SDPA_NAME}}, strict=True):
+        y = opr.scaled_dot_product_attention(t[0], t[1], t[2], is_causal=True)
+    joined = y.permute(0, 2, 1, 3).reshape(B, L, H * E)
+    assert cp.shares_memory(joined._data, y._data)
+    hosts = [np.ascontiguousarray(qkv[:, :, i].transpose(0, 2, 1, 3)).astype(np.float64) for i in range(3)]
+    ref = ATT.reference(*hosts, is_causal=True).transpose(0, 2, 1, 3).reshape(B, L, H * E)
+    assert rel_err(joined.numpy().astype(np.float64), ref) <= TOLERANCE["float16"]
+
+
+@pytest.mark.gpu
 def test_sdpa_long_sequence_without_an_l_by_s_buffer(cp, cuda, rng):
     """S = L = 32768, 8 heads of 128, causal: runs within a few hundred MiB of CuPy's pool (an
     L x S score buffer of one head alone would be 2 GiB), rows checked against float64."""
@@ -422,7 +441,10 @@ def test_conv_every_attribute_and_layout(cp, cuda, rng, dtype, layout):
         launch = cudnn.prepare_conv(p, {"layout": layout})
         fused += launch.fused
         out = launch(*(cp.asarray(h) for h in hosts))
-        assert out.shape == p.out_shape and out.dtype == dt and out.flags.c_contiguous
+        assert out.shape == p.out_shape and out.dtype == dt
+    # the output in q's order of heads and queries (as torch's): (B, L, H, Ev) memory for a "bshd" q
+    heads_inner = views[0] == "bshd" and p.shapes[0][1] > 1 and p.shapes[0][2] > 1
+    assert (out.transpose(0, 2, 1, 3) if heads_inner else out).flags.c_contiguous
         ref = CONV.reference(*(h.astype(np.float64) for h in hosts), **attrs)
         err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
         if not err <= TOLERANCE[dtype]:
