@@ -38,7 +38,7 @@ from .conv_launch import DTYPE_CODE
 from .cudnn import ALIGN
 from .cudnn import like as aligned
 from .epilogue import ACT
-from .matmul_launch import WGMMA_B_DESC, launcher
+from .matmul_launch import WGMMA_B_DESC, gemm_nt, launcher
 
 #: cuBLASLt epilogues by (activation, bias?); gelu (exact, erf) and silu have none
 NVMATH_EPILOG = {(None, True): "BIAS", ("relu", True): "RELU_BIAS", ("gelu_tanh", True): "GELU_BIAS",
@@ -161,13 +161,16 @@ def prepare_cublas(problem: Problem, config: Mapping[str, Any]) -> Callable[...,
     label = "cupy.linear.cublas"
     apply = epilogue_pass(problem, (m, n), 1, n, has_bias, act, label) if has_bias or act else None
     getdev, oom = cupy.cuda.runtime.getDevice, cupy.cuda.memory.OutOfMemoryError
+    gemm = gemm_nt(problem.dtype, dev) if problem.shapes[0][1] else None  # k = 0: CuPy's zeros
 
     def launch(x: Any, w: Any, bias: Any = None) -> Any:
         if getdev() != dev:
             with cupy.cuda.Device(dev):
                 return launch(x, w, bias)
         try:
-            y = cupy.matmul(x, w.T)
+            y = memory.empty((m, n), x.dtype, label)
+            if gemm is None or not gemm(x, w, y):
+                y = cupy.matmul(x, w.T)
         except oom as exc:
             raise memory._oom(f"linear {problem} (cuBLAS)", m * n * x.dtype.itemsize, exc) from exc
         if apply is not None:
