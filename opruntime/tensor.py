@@ -273,7 +273,7 @@ def _operator(name: str) -> Any:
 
 # -- validating views ---------------------------------------------------------------------------------
 def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+    return x.__class__ is int or isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _dim(op: str, name: str, value: Any, ndim: int) -> int:
@@ -327,6 +327,9 @@ def _basic_index(shape: tuple[int, ...], index: Any) -> tuple[tuple[int | slice,
     """NumPy's basic indexing, normalised: one entry per dim (an int in range, or a slice with
     ``0 <= start <= stop <= n`` and a step >= 1), the shape those give, and the shape with the
     size-1 dims of ``None`` entries."""
+    if index.__class__ is int and shape and -shape[0] <= index < shape[0]:  # t[i]: the common case, quickly
+        rest = shape[1:]
+        return (index % shape[0], *(slice(0, n, 1) for n in rest)), rest, rest
     items = index if isinstance(index, tuple) else (index,)
     ndim = len(shape)
     for e in items:

@@ -148,6 +148,8 @@ class CudaDevice(DeviceProvider):
 
     # -- views: CuPy's own (views share the buffer; a reshape the strides forbid copies) ---------
     def reshape(self, data: Any, shape: tuple[int, ...]) -> Any:
+        if data.flags.c_contiguous:  # a view: no kernel, no allocation, no device switch
+            return data.reshape(shape)
         with self._device, oom_guard(f"reshape on {self.name}", data.nbytes):
             words = _words(data)  # bfloat16 copied as 16-bit words: CuPy's copy kernels need no bf16 type
             return data.reshape(shape) if words is None else words.reshape(shape).view(data.dtype)
