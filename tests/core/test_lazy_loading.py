@@ -40,6 +40,18 @@ def test_a_call_on_cpu_imports_no_other_device_stack():
     assert got["status"]["jax"] == got["status"]["opencl"] == got["status"]["cupy"] == "deferred"
 
 
+def test_a_first_cpu_matmul_imports_no_scipy():
+    """SciPy (0.15 s of import) is loaded by the cpu epilogue only when gelu is applied."""
+    code = ("opr.matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))\n"
+            "before = 'scipy' in sys.modules\n"
+            "from opruntime_numpy.epilogue import activate\n"
+            "y = activate('gelu', np.full(2, 2.0, np.float32))\n"
+            "print(json.dumps({'before': before, 'after': 'scipy' in sys.modules, 'y': y.tolist()}))")
+    got = run(code, OPRUNTIME_DEVICE="cpu")
+    assert got["before"] is False
+    assert got["after"] is True and got["y"] == pytest.approx([1.9545, 1.9545], abs=1e-3)  # gelu(2)
+
+
 def test_the_full_view_still_lists_every_plugin_and_device():
     got = run("opr.relu(np.ones(3, np.float32))\n"
               "names = [d.name for d in opr.devices()]\n"
