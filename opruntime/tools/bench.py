@@ -422,10 +422,13 @@ def environment(devices: Sequence[Device] = ()) -> dict[str, Any]:
 
 
 def document(results: Sequence[Result], devices: Sequence[Device] = (),
-             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+             extra: dict[str, Any] | None = None, command: str | None = None) -> dict[str, Any]:
     """The results, where they ran and ``extra`` (e.g. ``roofline``), as data for strict JSON:
-    times in seconds (``*_s``), ``flops`` and ``bytes`` as integers, each result's ``ratios``."""
-    return {**environment(devices), "results": [record(r) for r in results], **(extra or {})}
+    times in seconds (``*_s``), ``flops`` and ``bytes`` as integers, each result's ``ratios``.
+    ``command`` is the command line that measured them (``opruntime bench ...``), recorded as
+    ``"command"``: the performance page's plot tool (:mod:`.plot`) prints it under each chart."""
+    head = {**environment(devices), **({"command": command} if command else {})}
+    return {**head, "results": [record(r) for r in results], **(extra or {})}
 
 
 def record(r: Result) -> dict[str, Any]:

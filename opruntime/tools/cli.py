@@ -1,4 +1,4 @@
-"""The ``opruntime`` command: ``info``, ``bench``, ``tune``, ``cache``, ``explain``
+"""The ``opruntime`` command: ``info``, ``bench``, ``tune``, ``cache``, ``explain``, ``plot``
 (``opruntime <command> --help``; also ``python -m opruntime``), on click.
 
 Conventions, the same for every command:
@@ -16,6 +16,7 @@ import ast
 import difflib
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -146,6 +147,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
       opruntime info
       opruntime explain matmul --shape 1024x1024,1024x1024
       opruntime bench softmax --shape 4096x4096 --repeats 5
+      opruntime plot softmax.json -o softmax.svg
       python -m opruntime info --json
     """
     ctx.ensure_object(dict)["debug"] = debug
@@ -265,7 +267,7 @@ def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple,
                 roofs[dev.name] = plot.roofline_figures(dev, sorted({r.dtype for r in results if r.device == dev.name}))
         plot.plot(results, plot_path, roofs)
         print(f"wrote {plot_path}", file=sys.stderr)
-    data = bench.document(results, targets, {"roofline": roofs} if roofs else None)
+    data = bench.document(results, targets, {"roofline": roofs} if roofs else None, command=_command_line())
     output.emit(data, as_json=as_json, output=output_path,
                 show=lambda: output.show(*bench.tables(results), *bench.legend(results)))
     if any(r.error for r in results):
@@ -502,14 +504,63 @@ def explain(op: str, shape: tuple, dtype: str, attrs: tuple, device: str | None,
     output.emit(data, as_json=as_json, output=output_path, show=lambda: print(ex))
 
 
+@cli.command("plot", context_settings=CONTEXT)
+@click.argument("data", nargs=-1, metavar="[BENCH.json]...", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "out", metavar="PATH", type=click.Path(dir_okay=False),
+              help="the chart to write: .svg, .png or .pdf (with BENCH.json files)")
+@click.option("--op", "ops", multiple=True, metavar="OP",
+              help="draw only this operator (repeatable)  [default: every operator in the files]")
+@click.option("--title", help="the chart's title  [default: the operators]")
+@click.option("--page", metavar="MANIFEST", type=click.Path(exists=True, dir_okay=False),
+              help="redraw every chart and the summary table of the page MANIFEST describes "
+                   "(docs/data/current.json), instead of one chart")
+def plot_command(data: tuple[str, ...], out: str | None, ops: tuple[str, ...], title: str | None,
+                 page: str | None) -> None:
+    """Chart bench JSON files as peer ratios, or redraw the performance page.
+
+    One chart of peer time / opruntime time: horizontal bars per case, one panel per device, a line at 1.0 (above it,
+    opruntime is faster). The files are what `opruntime bench -o PATH` writes. Needs matplotlib.
+
+    \b
+    Examples:
+      opruntime bench softmax --shape 4096x4096 -o softmax.json
+      opruntime plot softmax.json -o softmax.svg
+      opruntime plot cpu.json gpu.json -o matmul.svg --op matmul --title "matmul, cpu and H100"
+      opruntime plot --page docs/data/current.json
+    """
+    if page and (data or out or ops or title):
+        raise click.UsageError("--page redraws the page its manifest describes: give it alone, "
+                               "or give BENCH.json files with -o PATH")
+    if not page and not (data and out):
+        raise click.UsageError("give bench JSON files and -o PATH (e.g. opruntime plot bench.json -o bench.svg), "
+                               "or --page MANIFEST")
+    if page:
+        argv = ["--page", page]
+    else:
+        argv = ["-o", out, *(a for op in ops for a in ("--op", op)), *(["--title", title] if title else []),
+                "--", *data]
+    status = plot.main(argv, raise_errors=True)  # a ConfigError: one line, status 2, as every user error
+    if status:
+        raise click.exceptions.Exit(status)
+
+
 # -- running it --------------------------------------------------------------------------------------
+def _command_line() -> str:
+    """The command line being run, as ``opruntime ARGS`` (the bench's JSON records it)."""
+    ctx = click.get_current_context(silent=True)
+    state = ctx.find_root().obj if ctx is not None else None
+    argv = state.get("argv") if isinstance(state, dict) else None
+    return shlex.join(["opruntime", *(argv if argv is not None else sys.argv[1:])])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command on ``argv`` (default: ``sys.argv[1:]``); returns the exit status: 0, 1
     when a benchmark case failed, 2 for a user's mistake (one line on stderr)."""
-    state: dict[str, Any] = {"debug": False}
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    state: dict[str, Any] = {"debug": False, "argv": argv}
     try:
         try:
-            status = cli.main(args=list(argv) if argv is not None else None, prog_name="opruntime",
+            status = cli.main(args=argv, prog_name="opruntime",
                               standalone_mode=False, obj=state)
         finally:
             sys.stdout.flush()  # a closed pipe shows here, inside the handler below

@@ -505,9 +505,10 @@ def render_page(page: Page) -> dict[Path, str]:
     return {page.page: head + page_section(page) + tail}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, raise_errors: bool = False) -> int:
     """``python -m opruntime.tools.plot DATA.json [...] -o OUT.svg [--op OP ...]`` draws one chart;
-    ``python -m opruntime.tools.plot --page docs/data/current.json`` redraws the performance page."""
+    ``python -m opruntime.tools.plot --page docs/data/current.json`` redraws the performance page.
+    ``raise_errors``: a ConfigError propagates (``opruntime plot`` reports it) instead of status 2."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m opruntime.tools.plot", description=main.__doc__)
@@ -534,6 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.out}", file=sys.stderr)
         return 0
     except ConfigError as e:
+        if raise_errors:
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
 

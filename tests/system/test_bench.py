@@ -159,3 +159,11 @@ def test_batch_size_is_not_fooled_by_one_slow_call():
     assert timing.batch_size(fn, lambda: None, 2e-3) > 100  # sized from the runs after the hiccup
     slow = timing.batch_size(lambda: time.sleep(0.003), lambda: None, 2e-3)
     assert slow == 1
+
+
+def test_document_records_the_command_line():
+    r = bench.Result("matmul", "8x8", "float32", "cpu", kernel="k", time_s=1e-3)
+    assert bench.document([r], command="opruntime bench matmul --shape 8x8,8x8")["command"] == (
+        "opruntime bench matmul --shape 8x8,8x8")
+    assert "command" not in bench.document([r])  # none given (an API caller): no key, not an empty one
+

@@ -55,7 +55,7 @@ def test_version_and_python_dash_m(tmp_path: Path, capsys: pytest.CaptureFixture
     assert capsys.readouterr().out == f"opruntime {opr.__version__}\n"
     helped = run("--help", tmp_path=tmp_path)
     assert helped.returncode == 0 and helped.stderr == ""
-    assert all(name in helped.stdout for name in ("info", "bench", "tune", "cache", "explain", "--version"))
+    assert all(name in helped.stdout for name in ("info", "bench", "tune", "cache", "explain", "plot", "--version"))
 
 
 def test_importing_the_entry_module_loads_no_tool() -> None:
@@ -100,6 +100,10 @@ def test_every_option_has_help_and_every_command_an_example(capsys: pytest.Captu
     (["explain", "softmax", "--shape", "3x4", "--device", "nowhere:0"], "UnknownDeviceError"),
     (["explain", "softmax", "--shape", "3x4", "--attr", "axis"], "write name=value"),
     (["info", "--nope"], "No such option"),
+    (["plot"], "give bench JSON files and -o PATH"),
+    (["plot", "bad.json", "-o", "x.svg"], "ConfigError: cannot read the bench figures bad.json"),
+    (["plot", "missing.json", "-o", "x.svg"], "does not exist"),
+    (["plot", "--page", "bad.json", "-o", "x.svg"], "--page redraws the page"),
 ])
 def test_user_errors_are_one_line_and_status_2(args: list[str], says: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch,
@@ -183,6 +187,25 @@ def test_bench_json_turns_nan_into_null(monkeypatch: pytest.MonkeyPatch, capsys:
     assert main(["bench", "softmax", "--shape", "8x16", "--repeats", "3", "--json"]) == 1  # a failed case
     (r,) = strict_json(capsys.readouterr().out)["results"]
     assert r["time_s"] is None and r["rate"] is None and r["flops"] is None and r["error"] == "RuntimeError: no"
+
+
+def test_bench_json_records_the_command_and_plot_draws_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench -o`` records its command line (the performance page prints it under each chart), and
+    ``opruntime plot`` draws the file; the page's tool reads the same command back."""
+    data = tmp_path / "softmax 1.json"  # a space: the recorded command quotes it
+    args = ["bench", "softmax", "--shape", "8x16", "--repeats", "3", "--peers", "numpy", "-o", str(data)]
+    assert main(args) == 0
+    capsys.readouterr()
+    recorded = strict_json(data.read_text())
+    assert recorded["command"] == f"opruntime bench softmax --shape 8x16 --repeats 3 --peers numpy -o '{data}'"
+    from opruntime.tools import plot
+
+    assert plot.load_source(data).command == recorded["command"]
+    pytest.importorskip("matplotlib")
+    svg = tmp_path / "softmax.svg"
+    assert main(["plot", str(data), "-o", str(svg), "--op", "softmax", "--title", "softmax on cpu"]) == 0
+    assert capsys.readouterr().err == f"wrote {svg}\n"
+    assert "<svg" in svg.read_text() and "softmax on cpu" in svg.read_text()
 
 
 def test_tune_and_cache_list(capsys: pytest.CaptureFixture[str]) -> None:
