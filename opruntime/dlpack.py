@@ -1,4 +1,6 @@
-"""DLPack, read directly: the device codes, and a reader for the capsules NumPy cannot import.
+"""DLPack, read and written directly: the device codes, a reader for the capsules NumPy cannot
+import, and an exporter for the host arrays NumPy cannot export (:func:`export`: bfloat16, which
+the cpu device's ``to_dlpack`` hands to ``torch.from_dlpack`` this way).
 
 ``np.from_dlpack`` refuses dtypes NumPy lacks (a torch ``bfloat16`` tensor raises "Unsupported
 dtype in DLTensor"), and CuPy's ``from_dlpack`` refuses some too. :func:`read` takes the capsule of
@@ -141,3 +143,123 @@ def host_view(obj: Any) -> np.ndarray:
 def device_name(device: tuple[int, int]) -> str:
     """``(2, 0)`` as ``"CUDA 0"``, for messages."""
     return f"{DEVICE_NAMES.get(device[0], f'DLPack device type {device[0]}')} {device[1]}"
+
+
+# -- export: a capsule for host arrays NumPy cannot export (bfloat16) --------------------------------
+#: ``DLManagedTensorVersioned.flags`` bits (dlpack.h 1.0)
+FLAG_READ_ONLY, FLAG_IS_COPIED = 1, 2
+#: the DLPack version this exporter writes into a versioned capsule
+VERSION = (1, 0)
+
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _Managed(ctypes.Structure):  # DLManagedTensor (the legacy capsule "dltensor")
+    _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _ManagedVersioned(ctypes.Structure):  # DLManagedTensorVersioned (the capsule "dltensor_versioned")
+    _fields_ = [("version", _Version), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _Tensor)]
+
+
+#: address of an exported struct -> what must outlive it: the struct, its shape and strides, the array
+_LIVE: dict[int, tuple[Any, ...]] = {}
+
+
+@_Deleter
+def _delete(address: int | None) -> None:
+    """The ``deleter`` of every exported tensor: the consumer is done, the array may go. ctypes
+    takes the GIL for the call, so any thread may call it, as the standard allows."""
+    _LIVE.pop(address or 0, None)
+
+
+# raw PyObject* prototypes for the capsule destructor, which runs while the capsule is being freed:
+# a py_object argument would take a new reference to it (and free it a second time)
+_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid",
+                                                                                   ctypes.pythonapi))
+_raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer",
+                                                                                        ctypes.pythonapi))
+_Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_NAMES = {False: b"dltensor", True: b"dltensor_versioned"}  # module constants: the capsule keeps their char*
+
+
+@_Destructor
+def _destroy_capsule(capsule: int | None) -> None:
+    """A capsule freed unconsumed (still named ``dltensor``/``dltensor_versioned``) deletes its
+    tensor; a consumer renames the capsule ``used_...`` and calls the deleter itself when done."""
+    for name in _NAMES.values():
+        if capsule and _raw_is_valid(capsule, name):
+            _delete(_raw_get_pointer(capsule, name))
+            return
+
+
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, _Destructor)(
+    ("PyCapsule_New", ctypes.pythonapi))
+
+#: the ``DLDataType`` of a NumPy dtype kind (bfloat16 below, by name: ml_dtypes' dtypes are kind "V")
+_CODES = {"i": _INT, "u": _UINT, "f": _FLOAT, "c": _COMPLEX, "b": _BOOL}
+
+
+def _data_type(dtype: np.dtype) -> tuple[int, int]:
+    if dtype.name == "bfloat16":
+        return _BFLOAT, 16
+    if dtype.kind in _CODES:
+        return _CODES[dtype.kind], dtype.itemsize * 8
+    raise BufferError(f"DLPack has no type for the NumPy dtype {dtype}")
+
+
+def export(array: np.ndarray, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+           dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+    """``array.__dlpack__(...)`` for a host array of any dtype :func:`dtype_of` reads, bfloat16
+    included (NumPy's own ``__dlpack__`` refuses dtypes NumPy does not define): a DLPack capsule
+    over the array's memory, without a copy unless ``copy=True``.
+
+    The capsule is versioned (``dltensor_versioned``, DLPack 1.0, with the read-only flag) when
+    the consumer asks for ``max_version >= (1, 0)``, as ``torch.from_dlpack`` does; else the legacy
+    ``dltensor``, which cannot say read-only, so a read-only array is refused then (BufferError,
+    as NumPy does). The struct, its shape and strides and a reference to ``array`` stay in a
+    module table until the consumer calls the deleter (or the capsule is freed unconsumed), so
+    the memory outlives every Python reference the producer had (``del t``).
+    """
+    if stream is not None:
+        raise BufferError("a host array takes no stream: call __dlpack__ with stream=None")
+    if dl_device is not None and tuple(dl_device) != (CPU, 0):
+        raise BufferError(f"a host array exports to the CPU (DLPack device ({CPU}, 0)), not {tuple(dl_device)}")
+    copied = False
+    if copy or any(s % array.itemsize for s in array.strides):  # DLPack strides count elements
+        if copy is False:
+            raise BufferError("this array's strides are not whole elements: DLPack needs a copy (copy=False given)")
+        array, copied = np.array(array, copy=True), True
+    versioned = max_version is not None and tuple(max_version)[0] >= VERSION[0]
+    if not versioned and not array.flags.writeable:
+        raise BufferError("cannot export a read-only array through a legacy DLPack capsule (it cannot say "
+                          "read-only): ask for max_version=(1, 0)")
+    code, bits = _data_type(array.dtype)
+    ndim = array.ndim
+    shape = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
+    strides = (ctypes.c_int64 * max(ndim, 1))(*(s // array.itemsize for s in array.strides))
+    managed: Any = _ManagedVersioned() if versioned else _Managed()
+    t = managed.dl_tensor
+    t.data = array.ctypes.data if array.size else None
+    t.device = _Device(CPU, 0)
+    t.ndim = ndim
+    t.dtype = _DataType(code, bits, 1)
+    t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    t.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
+    t.byte_offset = 0
+    managed.deleter = _delete
+    if versioned:
+        managed.version = _Version(*VERSION)
+        managed.flags = (0 if array.flags.writeable else FLAG_READ_ONLY) | (FLAG_IS_COPIED if copied else 0)
+    address = ctypes.addressof(managed)
+    _LIVE[address] = (managed, shape, strides, array)
+    try:
+        return _capsule_new(address, _NAMES[versioned], _destroy_capsule)
+    except BaseException:
+        _LIVE.pop(address, None)
+        raise

@@ -52,6 +52,16 @@ class CpuDevice(DeviceProvider):
     def from_dlpack(self, obj: Any) -> np.ndarray:
         return np.from_dlpack(obj)
 
+    def to_dlpack(self, data: np.ndarray, **kwargs: Any) -> Any:
+        """NumPy's own capsule, except for the dtypes NumPy does not define and so will not
+        export (bfloat16, ml_dtypes' kind "V"): those through :func:`opruntime.dlpack.export`,
+        over the same memory (``torch.from_dlpack`` of a bfloat16 Tensor on cpu shares it)."""
+        if data.dtype.kind == "V":
+            from opruntime import dlpack
+
+            return dlpack.export(data, **kwargs)
+        return data.__dlpack__(**kwargs)
+
     def shares_memory(self, a: Any, b: Any) -> bool:
         return np.may_share_memory(a, b)
 

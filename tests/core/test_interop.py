@@ -74,6 +74,98 @@ def test_a_bfloat16_view_outlives_the_torch_tensor():
     assert float(view.astype(np.float32).sum()) == 2000.0  # the capsule (base of the view) keeps the memory
 
 
+def _bf16_tensor(shape=(3, 4)):
+    import ml_dtypes
+
+    values = (np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 5) / 8  # exact in bfloat16
+    return opr.tensor(values.astype(ml_dtypes.bfloat16), device="cpu"), values
+
+
+def test_a_bfloat16_cpu_tensor_goes_to_torch_sharing_its_memory():
+    """NumPy will not export bfloat16; the cpu device's capsule comes from opruntime.dlpack. The
+    array stays alive after ``del t`` until torch is done with it (its deleter)."""
+    import gc
+
+    t, values = _bf16_tensor()
+    x = torch.from_dlpack(t)
+    assert x.dtype == torch.bfloat16 and x.shape == (3, 4) and x.data_ptr() == t.data.ctypes.data
+    np.testing.assert_array_equal(x.float().numpy(), values)
+    x[0, 0] = 7.0  # the same memory
+    assert float(t.numpy()[0, 0]) == 7.0
+    del t
+    gc.collect()
+    junk = [np.full(4096, 9.0, np.float32) for _ in range(64)]  # memory freed too early would be reused here
+    values[0, 0] = 7.0
+    np.testing.assert_array_equal(x.float().numpy(), values)
+    assert len(junk) == 64
+
+
+def test_a_bfloat16_export_is_released_by_its_consumer_or_its_capsule():
+    import gc
+
+    before = len(dlpack._LIVE)
+    t, values = _bf16_tensor((5, 6))
+    legacy = t.__dlpack__()  # no max_version: the legacy capsule, read by torch's old entry point
+    assert "dltensor" in repr(legacy) and "versioned" not in repr(legacy)
+    x = torch.utils.dlpack.from_dlpack(legacy)
+    np.testing.assert_array_equal(x.float().numpy(), values)
+    unused = t.__dlpack__(max_version=(1, 0))
+    assert "dltensor_versioned" in repr(unused) and len(dlpack._LIVE) == before + 2
+    del unused, legacy
+    gc.collect()
+    assert len(dlpack._LIVE) == before + 1  # an unconsumed capsule frees its export
+    del x, t
+    gc.collect()
+    assert len(dlpack._LIVE) == before  # torch called the deleter
+
+
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (), (1, 1), (7, 5)])
+def test_bfloat16_exports_of_every_shape_and_strided_views(shape):
+    t, values = _bf16_tensor(shape)
+    np.testing.assert_array_equal(torch.from_dlpack(t).float().numpy(), values)
+    if len(shape) == 2 and shape[1] > 1:
+        view = t[:, 1::2]  # a strided view: exported as it is, strides in elements
+        x = torch.from_dlpack(view)
+        assert x.stride() == (shape[1], 2) and x.data_ptr() == view.data.ctypes.data
+        np.testing.assert_array_equal(x.float().numpy(), values[:, 1::2])
+
+
+def test_the_exporter_follows_the_dlpack_protocol():
+    """Checked with NumPy as the consumer (float64, which NumPy reads back): versioned capsules
+    say read-only, copy=True copies, a legacy capsule of a read-only array is refused, a stream or
+    another device is refused."""
+    class Host:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return dlpack.export(self.a, **kw)
+
+        def __dlpack_device__(self):
+            return (dlpack.CPU, 0)
+
+    a = np.arange(12.0).reshape(3, 4)[:, 1::2]
+    b = np.from_dlpack(Host(a))
+    assert np.shares_memory(a, b) and b.flags.writeable
+    np.testing.assert_array_equal(b, a)
+    assert not np.shares_memory(a, np.from_dlpack(Host(a), copy=True))
+    ro = a.copy()
+    ro.flags.writeable = False
+    assert not np.from_dlpack(Host(ro)).flags.writeable
+    with pytest.raises(BufferError, match="read-only"):
+        dlpack.export(ro)
+    with pytest.raises(BufferError, match="stream"):
+        dlpack.export(a, stream=1)
+    with pytest.raises(BufferError, match="exports to the CPU"):
+        dlpack.export(a, dl_device=(dlpack.CUDA, 0))
+
+
+def test_results_in_bfloat16_are_read_by_jax():
+    jax = pytest.importorskip("jax")
+    t, values = _bf16_tensor()
+    np.testing.assert_array_equal(np.asarray(jax.dlpack.from_dlpack(t)).astype(np.float32), values)
+
+
 def test_bfloat16_computes_where_a_device_has_bfloat16_kernels():
     jax_cpu = next((d for d in opr.devices() if d.name == "jax:cpu:0"), None)
     if jax_cpu is None:
