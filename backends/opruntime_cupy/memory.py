@@ -158,7 +158,10 @@ class CudaDevice(DeviceProvider):
         return data.transpose(axes)
 
     def getitem(self, data: Any, index: tuple[int | slice, ...]) -> Any:
-        return data[(*index, Ellipsis)]
+        n, shape = len(index), data.shape  # trailing whole-dim slices left out: CuPy pays per entry
+        while n and index[n - 1].__class__ is slice and index[n - 1] == slice(0, shape[n - 1], 1):
+            n -= 1
+        return data[(*index[:n], Ellipsis)]
 
     def concat(self, datas: Any, axis: int) -> Any:
         nbytes = sum(d.nbytes for d in datas)
