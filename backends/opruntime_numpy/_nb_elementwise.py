@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ._nb_math import erfc32, erfc64, exp32, exp64, tanh32, tanh64
+from ._nb_math import F32, erf32, erfc64, exp32_fast, exp64, fma, tanh32, tanh64
 
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")  # IEEE results: no fast-math, no division checks
 #: elements of a row per parallel task
@@ -27,9 +27,11 @@ BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 
 
 def _scalar(body):
-    """A generic scalar function of the loops: ``body(F, exp, erfc, tanh)`` gives its implementation
-    for the float type ``F`` (float32: the vectorizable forms of :mod:`._nb_math`). Each is small,
-    so that LLVM inlines it into the loop and vectorizes the loop."""
+    """A generic scalar function of the loops: ``body(F, exp, phi, tanh)`` gives its implementation
+    for the float type ``F``, ``phi(v)`` being the normal CDF ``P(N(0,1) < v)`` (float32: the
+    vectorizable forms of :mod:`._nb_math`, ``exp32_fast`` and ``0.5 + 0.5 erf(v / sqrt 2)``;
+    float64: exp, ``0.5 erfc(-v / sqrt 2)``). Each is small, so that LLVM inlines it into the loop
+    and vectorizes the loop."""
 
     def stub(v):  # pragma: no cover - replaced by the overload inside compiled code
         raise NotImplementedError
@@ -37,21 +39,31 @@ def _scalar(body):
     @overload(stub)
     def _typed(v):
         if v == types.float32:
-            return body(np.float32, exp32, erfc32, tanh32)
+            return body(np.float32, exp32_fast, _phi32, tanh32)
         if v == types.float64:
-            return body(np.float64, exp64, erfc64, tanh64)
+            return body(np.float64, exp64, _phi64, tanh64)
         return None
 
     return stub
 
 
-relu = _scalar(lambda F, exp, erfc, tanh: lambda v: F(0.0) if v < F(0.0) else v)  # NaN stays NaN
-gelu = _scalar(lambda F, exp, erfc, tanh: lambda v: F(0.5) * v * erfc(v * F(-0.70710678118654752440)))
-gelu_tanh = _scalar(lambda F, exp, erfc, tanh: lambda v: v / (
+@njit(error_model="numpy")
+def _phi32(v):
+    return fma(erf32(v * F32(0.70710678118654752440)), F32(0.5), F32(0.5))
+
+
+@njit(error_model="numpy")
+def _phi64(v):
+    return 0.5 * erfc64(v * -0.70710678118654752440)
+
+
+relu = _scalar(lambda F, exp, phi, tanh: lambda v: F(0.0) if v < F(0.0) else v)  # NaN stays NaN
+gelu = _scalar(lambda F, exp, phi, tanh: lambda v: v * phi(v))
+gelu_tanh = _scalar(lambda F, exp, phi, tanh: lambda v: v / (
     exp((v * v * F(0.044715) + F(1.0)) * v * F(-1.5957691216057307118)) + F(1.0)))
-silu = _scalar(lambda F, exp, erfc, tanh: lambda v: v / (exp(-v) + F(1.0)))
-sigmoid = _scalar(lambda F, exp, erfc, tanh: lambda v: F(1.0) / (exp(-v) + F(1.0)))
-tanh_ = _scalar(lambda F, exp, erfc, tanh: lambda v: tanh(v))
+silu = _scalar(lambda F, exp, phi, tanh: lambda v: v / (exp(-v) + F(1.0)))
+sigmoid = _scalar(lambda F, exp, phi, tanh: lambda v: F(1.0) / (exp(-v) + F(1.0)))
+tanh_ = _scalar(lambda F, exp, phi, tanh: lambda v: tanh(v))
 
 
 @njit(parallel=True, **OPTIONS)

@@ -165,19 +165,88 @@ def erfc32(z):
     return F32(2.0) - r if z < F32(0.0) else r
 
 
+@intrinsic
+def _pow2_bits_f32(typingctx, k):
+    """``2.0 ** n`` as a float32 from ``k = n + 1.5 * 2 ** 23`` (a float32 whose low mantissa bits
+    hold the integer ``n``): ``(bits(k) + 127) << 23`` (the high bits shift out). ``n = -127``
+    gives 0.0 and ``n = 128`` gives inf."""
+    if k != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        bits = builder.shl(builder.add(bits, ir.Constant(i32, 127)), ir.Constant(i32, 23))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(k), codegen
+
+
+@njit(error_model="numpy")
+def exp32_fast(x):
+    """float32 ``e ** x`` in about half the instructions of :func:`exp32`, for the activations:
+    the argument clamped to [-88, 89] by compares (a NaN passes through), rounded to ``n * ln 2 +
+    r`` by adding ``1.5 * 2 ** 23`` (no floor or conversion), a degree-5 fit of ``e ** r`` (relative
+    error 1.2e-7) and one power of two built from the sum's bits. Within 3 ulp for results in
+    float32's normal range; results below it are 0 (``exp(-inf) == 0``), above it inf (``exp(88.5)``
+    is inf rather than 2.7e38: in ``1 / (1 + e)`` forms that is a difference below 4e-39)."""
+    xc = F32(-88.0) if x < F32(-88.0) else x
+    xc = F32(89.0) if xc > F32(89.0) else xc
+    k = fma(xc, F32(1.44269504088896341), F32(12582912.0))
+    n = k - F32(12582912.0)
+    r = fma(n, F32(-0.693359375), xc)
+    r = fma(n, F32(2.12194440e-4), r)
+    p = fma(F32(0.008333842270076275), r, F32(0.04189859703183174))
+    p = fma(p, r, F32(0.1666688621044159))
+    p = fma(p, r, F32(0.49999141693115234))
+    p = fma(p, r * r, r) + F32(1.0)
+    return p * _pow2_bits_f32(k)
+
+
 @njit(error_model="numpy")
 def tanh32(x):
-    """float32 ``tanh``: Cephes' odd polynomial below 0.625, else ``1 - 2 / (exp(2|x|) + 1)``."""
-    a = abs(x)
-    z = x * x
-    p = fma(F32(-5.70498872745e-3), z, F32(2.06390887954e-2))
-    p = fma(p, z, F32(-5.37397155531e-2))
-    p = fma(p, z, F32(1.33314422036e-1))
-    p = fma(p, z, F32(-3.33332819422e-1))
-    small = fma(p * z, x, x)
-    big = F32(1.0) - F32(2.0) / (exp32(a + a) + F32(1.0))
-    big = big if x >= F32(0.0) else -big
-    return small if a < F32(0.625) else big
+    """float32 ``tanh``: Eigen's rational fit (an odd degree-13 over an even degree-6 polynomial)
+    on ``x`` clamped to +-7.9988, where tanh rounds to +-1; relative error below 2.7e-7 (4 ulp) for
+    every x, odd, ``tanh(-0.0) == -0.0``, NaN kept (the clamps are compares a NaN passes). No exp:
+    one division, about 2x the throughput of ``1 - 2 / (exp(2x) + 1)`` with its small-x branch."""
+    c = F32(7.99881172180175781)
+    x = c if x > c else x
+    x = -c if x < -c else x
+    x2 = x * x
+    p = fma(x2, F32(-2.76076847742355e-16), F32(2.00018790482477e-13))
+    p = fma(x2, p, F32(-8.60467152213735e-11))
+    p = fma(x2, p, F32(5.12229709037114e-08))
+    p = fma(x2, p, F32(1.48572235717979e-05))
+    p = fma(x2, p, F32(6.37261928875436e-04))
+    p = fma(x2, p, F32(4.89352455891786e-03))
+    q = fma(x2, F32(1.19825839466702e-06), F32(1.18534705686654e-04))
+    q = fma(x2, q, F32(2.26843463243900e-03))
+    q = fma(x2, q, F32(4.89352518554385e-03))
+    return (x * p) / q
+
+
+@njit(error_model="numpy")
+def erf32(x):
+    """float32 ``erf``: Eigen's rational fit (odd degree 13 over even degree 8) on ``x`` clamped to
+    +-4, where erf rounds to +-1; absolute error below 1.5e-7 (as torch's CPU erf), NaN kept. For
+    ``gelu``: ``1 + erf(x)`` then has an absolute error of about 1e-7, which is a large relative
+    error only where gelu itself is below 1e-3 of ``|x|`` (x < -3); the tolerances measure errors
+    relative to the whole result, where that is below 1e-7."""
+    c = F32(4.0)
+    x = c if x > c else x
+    x = -c if x < -c else x
+    x2 = x * x
+    p = fma(x2, F32(-2.72614225801306e-10), F32(2.77068142495902e-08))
+    p = fma(x2, p, F32(-2.10102402082508e-06))
+    p = fma(x2, p, F32(-5.69250639462346e-05))
+    p = fma(x2, p, F32(-7.34990630326855e-04))
+    p = fma(x2, p, F32(-2.95459980854025e-03))
+    p = fma(x2, p, F32(-1.60960333262415e-02))
+    q = fma(x2, F32(-1.45660718464996e-05), F32(-2.13374055278905e-04))
+    q = fma(x2, q, F32(-1.68282697438203e-03))
+    q = fma(x2, q, F32(-7.37332916720468e-03))
+    q = fma(x2, q, F32(-1.42647390514189e-02))
+    return (x * p) / q
 
 
 # the float64 forms: libm where a vectorizable form of full float64 accuracy would be long
