@@ -77,9 +77,11 @@ class JaxDevice(DeviceProvider):
 
         if not array.dtype.isnative:  # JAX refuses big-endian dtypes: same values, native order
             array = array.astype(array.dtype.newbyteorder("="))
-        elif self.platform == "cpu" and isinstance(array, np.ndarray):
+        elif isinstance(array, np.ndarray):
             # XLA's CPU client adopts an aligned host buffer without copying (may_alias=False does
-            # not stop it): the caller could then change the device array. Hand it a private copy.
+            # not stop it), and a GPU client reads it after device_put returns (the copy is
+            # asynchronous: seen on an H100, jax 0.11.2): the caller could then change the device
+            # array. Hand it a private copy.
             array = np.array(array, copy=True)
         try:
             if np.dtype(array.dtype) == np.float64:
