@@ -14,10 +14,12 @@ A page fails on
 * a local request answered with an HTTP error (a missing image, stylesheet or script);
 * an image that did not load (``naturalWidth == 0``);
 * a link to a page of the site that does not exist, or to an anchor that page does not have;
-* a page wider than the window (a table or an image that overflows instead of scrolling in its box).
+* a page wider than the window (a table or an image that overflows instead of scrolling in its box);
+* a script asked from outside the site (a CDN's): offline, the page loses what it draws (a diagram).
 
 Requests that leave 127.0.0.1 (web fonts, a CDN's script) are refused, so that the result does not
-depend on the network; they are listed at the end (the site also works without them). Exit status:
+depend on the network; they are listed at the end (without them the site falls back to the
+browser's fonts; an outside script fails the page, above). Exit status:
 0 when every page passes, 1 when one fails, 2 when the check cannot run (no chromium, no site).
 """
 
@@ -77,6 +79,7 @@ class PageReport:
     ids: set[str] = field(default_factory=set)
     scroll_width: int = 0
     width: int = 0
+    outside_scripts: list[str] = field(default_factory=list)  # scripts asked from outside the site
 
     def problems(self) -> list[str]:
         """Everything wrong with the page alone (its links are checked against the other pages)."""
@@ -84,6 +87,7 @@ class PageReport:
         out += [f"image did not load: {src}" for src in self.broken_images]
         if self.width and self.scroll_width > self.width:
             out.append(f"the page is {self.scroll_width} px wide in a {self.width} px window: something overflows")
+        out += [f"needs a script from outside the site (offline it is lost): {url}" for url in self.outside_scripts]
         return out
 
 
@@ -195,6 +199,7 @@ class Browser:
         self.events: list[dict[str, Any]] = []
         self.origin = ""  # requests outside it are refused (set by the caller)
         self.refused: set[str] = set()
+        self.refused_scripts: set[str] = set()  # the refused requests for a script
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log"):
@@ -243,6 +248,8 @@ class Browser:
                 self._send("Fetch.continueRequest", {"requestId": p["requestId"]}, session=True)
             else:
                 self.refused.add(p["request"]["url"])
+                if p.get("resourceType") == "Script":
+                    self.refused_scripts.add(p["request"]["url"])
                 self._send("Fetch.failRequest", {"requestId": p["requestId"], "errorReason": "BlockedByClient"},
                            session=True)
         return msg
@@ -336,12 +343,12 @@ def check_site(site: Path, browser_bin: str, screenshot: Path | None = None, sho
         try:
             for path in pages:
                 failures.clear()
-                browser.refused = set()
+                browser.refused, browser.refused_scripts = set(), set()
                 browser.load(origin + path)
                 probe = browser.evaluate(PROBE)
                 errors = console_errors(browser.events, origin, browser.refused)
                 rep = PageReport(path, errors, probe["brokenImages"], probe["links"], set(probe["ids"]),
-                                 probe["scrollWidth"], probe["width"])
+                                 probe["scrollWidth"], probe["width"], sorted(browser.refused_scripts))
                 # /favicon.ico: the browser's own guess when a page names no icon, not a request of the page
                 rep.errors += [f"HTTP {code} for {url}" for url, code in failures if url != "/favicon.ico"]
                 reports[path] = rep

@@ -82,7 +82,7 @@ def test_chromium_finds_each_kind_of_problem(tmp_path: Path) -> None:
     (site / "index.html").write_text(
         '<html><body><h1 id="top">home</h1><img src="img.svg"><img src="missing.png">'
         '<a href="ok/#here">ok</a><a href="ok/#not-there">anchor</a><a href="gone/">gone</a>'
-        '<script>console.error("boom")</script></body></html>')
+        '<script>console.error("boom")</script><script src="https://cdn.example.com/draw.js"></script></body></html>')
     (site / "ok" / "index.html").write_text(
         '<html><body><p id="here">fine</p><a href="../#top">home</a><img src="../img.svg">'
         '<link rel="stylesheet" href="https://fonts.example.com/css">'
@@ -99,6 +99,7 @@ def test_chromium_finds_each_kind_of_problem(tmp_path: Path) -> None:
         "/: console: HTTP 404 for /missing.png",
         "/: console: boom",
         "/: image did not load: missing.png",
+        "/: needs a script from outside the site (offline it is lost): https://cdn.example.com/draw.js",
     ]
-    assert outside == {"/ok/": {"https://fonts.example.com/css"}}
+    assert outside == {"/": {"https://cdn.example.com/draw.js"}, "/ok/": {"https://fonts.example.com/css"}}
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
