@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 from numba.extending import overload
 
-from ._nb_math import exp32, exp64, maxnum, radd
+from ._nb_math import exp32_fast, exp64, maxnum, radd
 
 #: no fastmath (NaN and inf keep their IEEE meaning); IEEE division (x / 0 is inf or NaN, never an exception)
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
@@ -28,7 +28,7 @@ def _fexp(x):
     from numba import types
 
     if x == types.float32:
-        return lambda x: exp32(x)
+        return lambda x: exp32_fast(x)
     if x == types.float64:
         return lambda x: exp64(x)
     return None
