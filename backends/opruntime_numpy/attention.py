@@ -27,10 +27,6 @@ from opruntime.kernels import FLOATS, Kernel, Problem, roofline
 from . import jit
 from .matmul import CPU_BYTES, CPU_FLOPS
 
-#: query rows per parallel task and keys per score block of the numba kernel
-NUMBA_QUERY_BLOCK = 32
-NUMBA_KEY_BLOCK = 128
-
 #: score elements (across the heads) of one (query block, key block) step: a few MB in cache
 TILE = 1 << 19
 KEY_BLOCK = 256
@@ -110,36 +106,87 @@ def cost(problem: Problem, config: Any) -> float:
     return roofline(op.flops(problem), op.bytes(problem), CPU_FLOPS, CPU_BYTES, 2e-5) + scores * 6e-9 + steps * 1.5e-4
 
 
+#: (query rows, keys) per tile of the numba kernel the tuner tries; the heuristic takes the first:
+#: 64 x 256 float32 scores are 64 KB (in L2 beside the blocks of k and v), and 64-row BLAS calls
+#: run at about 120 GFLOP/s a core here (128 rows: a few % more, but twice the causal waste)
+NUMBA_CONFIGS = ({"qblock": 64, "kblock": 256}, {"qblock": 32, "kblock": 512}, {"qblock": 128, "kblock": 256},
+                 {"qblock": 64, "kblock": 1024})
+#: below this many flops a call runs in the calling thread alone (a thread hand-off costs ~30 us)
+NUMBA_SERIAL_FLOPS = 4e6
+
+
+def _tasks(problem: Problem, qblock: int) -> int:
+    """(batch, head, pair of query blocks) tasks of :func:`._nb_attention.flash`."""
+    B, H, L, _ = problem.out_shape
+    nqb = -(-L // qblock)
+    return B * H * ((nqb + 1) // 2 if problem.attrs["causal"] else nqb)
+
+
 def prepare_numba(problem: Problem, config: Any) -> Any:
-    """The launcher of ``numpy.scaled_dot_product_attention.numba``."""
+    """The launcher of ``numpy.scaled_dot_product_attention.numba``: q, k, v made C-contiguous (a
+    copy only for views: O(S x E) against the O(L x S x E) work), the tasks split into one range
+    per thread, each range one call of the nogil loop (scipy's BLAS held to one thread meanwhile,
+    :mod:`._blas`); one range in the calling thread where that is not possible or not worth it."""
+    from opruntime.ops import OPS
+
+    from . import _blas
+    from .conv import _threads
+
     nb = jit.loops("_nb_attention")
+    cfg = config or NUMBA_CONFIGS[0]
+    qblock, kblock = int(cfg["qblock"]), int(cfg["kblock"])
     acc_t = np.dtype(np.float32 if problem.dtype == "float16" else problem.dtype)
     kind = {None: 0, "bool": 1, "float": 2}[problem.attrs["mask"]]
-    scale, causal = problem.attrs["scale"], problem.attrs["causal"]
+    scale, causal = acc_t.type(problem.attrs["scale"]), problem.attrs["causal"]
     absent = np.zeros((1, 1, 1, 1), acc_t)
+    tasks = _tasks(problem, qblock)
+    workers = min(jit.threads(), tasks)
+    if workers > 1 and (OPS["scaled_dot_product_attention"].flops(problem) < NUMBA_SERIAL_FLOPS
+                        or not _blas.controllable()):
+        workers = 1
+    bounds = [tasks * i // workers for i in range(workers + 1)]
 
     @np.errstate(invalid="ignore", over="ignore", divide="ignore")
     def launch(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        q, k, v = (a.astype(acc_t, copy=False) for a in (q, k, v))
+        q, k, v = (np.ascontiguousarray(a, acc_t) for a in (q, k, v))
         if mask is None:
             mask = absent
-        elif mask.dtype != np.bool_:
-            mask = mask.astype(acc_t, copy=False)
+        else:
+            mask = np.ascontiguousarray(mask, None if mask.dtype == np.bool_ else acc_t)
         out = np.empty(problem.out_shape, acc_t)
-        jit.call(nb.attention, q, k, v, mask, out, scale, causal, kind, NUMBA_QUERY_BLOCK, NUMBA_KEY_BLOCK)
+        args = (q, k, v, mask, out, scale, causal, kind, qblock, kblock)
+        if workers == 1:
+            nb.flash(*args, 0, tasks)
+        else:
+            with _blas.one_thread():
+                rest = [_threads().submit(nb.flash, *args, bounds[w], bounds[w + 1]) for w in range(1, workers)]
+                nb.flash(*args, bounds[0], bounds[1])
+                for f in rest:
+                    f.result()
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use("numpy.scaled_dot_product_attention.numba", launch)
 
 
 def numba_cost(problem: Problem, config: Any) -> float:
-    """Compiled loops at about 24 GFLOP/s on this 2-core machine (half of BLAS), with a
-    vectorized exp and no per-block Python step: measured faster than the NumPy kernel up to
-    about 512 x 512 per head and for decode steps (L = 1), slower from 2048 x 2048."""
+    """BLAS on the tiles at about 120 GFLOP/s a core (less for blocks of few rows: a decode step's
+    1 x S products read the keys at memory speed), the causal diagonal tiles counted whole, the
+    vectorized exps (about 0.5 ns a score on a core) and a thread hand-off."""
     from opruntime.ops import OPS
 
     op = OPS["scaled_dot_product_attention"]
-    return roofline(op.flops(problem), op.bytes(problem), 24e9, CPU_BYTES, 1e-5)
+    cfg = config or NUMBA_CONFIGS[0]
+    B, H, L, Ev = problem.out_shape
+    S, E = problem.shapes[1][-2:]
+    rows = min(L, int(cfg["qblock"]))
+    cores = max(1, min(jit.threads(), _tasks(problem, int(cfg["qblock"]))))
+    flops = op.flops(problem)
+    scores = flops / (2.0 * max(1, E + Ev))
+    if problem.attrs["causal"]:  # the diagonal tiles: half of each is computed and cut
+        waste = B * H * -(-L // rows) * rows * rows / 2.0
+        scores, flops = scores + waste, flops + waste * 2.0 * (E + Ev)
+    rate = 120e9 * cores * min(1.0, rows / 64.0) ** 0.5
+    return roofline(flops, op.bytes(problem), rate, CPU_BYTES, 1e-5) + scores * 5e-10 / cores
 
 
 def kernels() -> list[Kernel]:
@@ -147,6 +194,7 @@ def kernels() -> list[Kernel]:
                   attention, cost=cost)]
     if jit.available():
         out.append(Kernel("scaled_dot_product_attention", "numpy.scaled_dot_product_attention.numba", "cpu", FLOATS,
-                          prepare=prepare_numba, cost=numba_cost, source=jit.source("_nb_rows", "_nb_attention"),
+                          prepare=prepare_numba, cost=numba_cost, configs=NUMBA_CONFIGS,
+                          source=jit.source("_nb_rows", "_nb_attention"),
                           notes=jit.notes("numpy.scaled_dot_product_attention.numba")))
     return out
