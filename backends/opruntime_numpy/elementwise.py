@@ -20,7 +20,7 @@ import numpy as np
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 from opruntime.ops.elementwise import BINARY_OPS, UNARY_OPS, activation
 
-from . import jit
+from . import buffers, jit
 from .epilogue import activate
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
@@ -85,11 +85,11 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
                 a, b = a.astype(np.float32), b.astype(np.float32)
             if split is None:
                 a2, b2 = (as_2d(v if v.shape == shape else np.broadcast_to(v, shape)) for v in (a, b))
-                out = np.empty(a2.shape, a2.dtype)
+                out = buffers.empty(a2.shape, a2.dtype)
             else:  # (rows, cols), an operand that repeats by rows as one (1, cols) row
                 rows, cols = split
                 a2, b2 = (v.reshape(-1, cols) for v in (a, b))
-                out = np.empty((rows, cols), a2.dtype)
+                out = buffers.empty((rows, cols), a2.dtype)
             jit.call(nb.binary, a2, b2, out, code)
             out = out.reshape(shape)
             return out.astype(np.float16) if f16 else out
@@ -101,7 +101,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
             if f16:
                 x = x.astype(np.float32)
             x2 = as_2d(x)
-            out = np.empty(x2.shape, x2.dtype)
+            out = buffers.empty(x2.shape, x2.dtype)
             jit.call(nb.unary, x2, out, code)
             out = out.reshape(shape)
             return out.astype(np.float16) if f16 else out

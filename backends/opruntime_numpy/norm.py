@@ -22,7 +22,7 @@ import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
-from . import jit
+from . import buffers, jit
 from .matmul import CPU_BYTES, CPU_FLOPS
 
 #: bytes of the computation dtype per block of rows: a working set that stays in L2
@@ -140,7 +140,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     def launch(x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
         w, b = _vectors(problem, vecs, acc)
         x2 = x.reshape(rows, cols).astype(acc, copy=False)
-        out = np.empty((rows, cols), acc)
+        out = buffers.empty((rows, cols), acc)
         jit.call(nb.norm_rows, x2, out, absent if w is None else w, absent if b is None else b, w is not None,
                  b is not None, rms, eps)
         return out.reshape(shape).astype(x.dtype, copy=False)

