@@ -19,9 +19,27 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._nb_elementwise import act_row
-
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
+
+#: activation codes the loops apply themselves (``_nb_elementwise.CODES``: none, relu); the
+#: launchers apply any other in a second pass (``_nb_elementwise.bias_act_rows``), so that these
+#: loops never compile the exp / erfc polynomials (about 1.5 s of a first use)
+FUSED = (0, 2)
+
+
+@njit(**OPTIONS)
+def act_row(y, b, code):
+    """In place on the 1-D ``y``: ``y + b``, then ReLU where ``code`` is 2 (NaN kept, as
+    ``_nb_elementwise.relu``); any other code adds the bias only."""
+    n = y.shape[0]
+    if code == 2:
+        zero = y.dtype.type(0.0)
+        for j in range(n):
+            v = y[j] + b
+            y[j] = zero if v < zero else v
+    else:
+        for j in range(n):
+            y[j] = y[j] + b
 
 
 @njit(**OPTIONS)
@@ -35,14 +53,6 @@ def _tap_row(acc, row, wv, start, sw, wo):
         seg = row[start:start + sw * (wo - 1) + 1:sw]
         for ox in range(wo):
             acc[ox] += wv * seg[ox]
-
-
-@njit(**OPTIONS)
-def _wide_tap(acc, flat, wv, off):
-    """``acc[k] += wv * flat[off + k]`` over the whole wide plane."""
-    src = flat[off:off + acc.shape[0]]
-    for k in range(acc.shape[0]):
-        acc[k] += wv * src[k]
 
 
 @njit(**OPTIONS)
@@ -60,8 +70,11 @@ def _wide_row(acc, flat, wrow, off, dw):
         for k in range(n):
             acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
         j += 3
-    while j < kw:
-        _wide_tap(acc, flat, wrow[j], off + j * dw)
+    while j < kw:  # the rest one at a time
+        wv = wrow[j]
+        src = flat[off + j * dw:off + j * dw + n]
+        for k in range(n):
+            acc[k] += wv * src[k]
         j += 1
 
 
@@ -77,86 +90,130 @@ def _crop(out_plane, acc, wp, b, code):
         act_row(row, b, code)
 
 
+@njit(**OPTIONS)
+def _pad(flat, plane, pt, pl, wp):
+    """``plane`` (H, W) into the zero-filled ``flat`` padded plane (row stride ``wp``) at (pt, pl)."""
+    h, wd = plane.shape
+    for y in range(h):
+        row = plane[y]
+        dst = flat[(pt + y) * wp + pl:(pt + y) * wp + pl + wd]
+        for c in range(wd):
+            dst[c] = row[c]
+
+
+@njit(**OPTIONS)
+def _zero(a):
+    for k in range(a.shape[0]):
+        a[k] = 0
+
+
 @njit(parallel=True, **OPTIONS)
-def depthwise(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code):
-    """Depthwise conv2d (groups == C, ``O = C * mult``): ``x`` (N, C, H, W) any strides, ``w``
-    (O, kh, kw), ``bias`` (O,) or size 0, ``out`` (N, O, Ho, Wo) C-contiguous; then the bias and
-    activation ``code`` (``_nb_elementwise.CODES``) per output row."""
-    n_img, c_in, h, wd = x.shape
+def depthwise_wide(x, w, bias, out, dh, dw, pt, pl, hp, wp, code):
+    """Depthwise conv2d (groups == C, ``O = C * mult``) with stride 1: ``x`` (N, C, H, W) any
+    strides, ``w`` (O, kh, kw), ``bias`` (O,) or size 0, ``out`` (N, O, Ho, Wo) C-contiguous; each
+    output plane computed wide (:func:`_wide_row`), then cropped with the bias and activation
+    ``code`` (:data:`FUSED`). One task per (image, channel)."""
+    n_img, c_in = x.shape[0], x.shape[1]
+    o_out, kh, kw = w.shape
+    ho = out.shape[2]
+    mult = o_out // c_in
+    has_bias = bias.shape[0] > 0
+    for t in prange(n_img * c_in):
+        n = t // c_in
+        c = t % c_in
+        flat = np.zeros(hp * wp + (kw - 1) * dw, x.dtype)
+        _pad(flat, x[n, c], pt, pl, wp)
+        acc = np.empty(ho * wp, x.dtype)
+        for m in range(mult):
+            o = c * mult + m
+            _zero(acc)
+            for i in range(kh):
+                _wide_row(acc, flat, w[o, i], i * dh * wp, dw)
+            _crop(out[n, o], acc, wp, bias[o] if has_bias else x.dtype.type(0.0), code)
+
+
+@njit(parallel=True, **OPTIONS)
+def depthwise_rows(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code):
+    """:func:`depthwise_wide` for any stride: per output row, one strided loop per tap."""
+    n_img, c_in = x.shape[0], x.shape[1]
     o_out, kh, kw = w.shape
     ho, wo = out.shape[2], out.shape[3]
     mult = o_out // c_in
     has_bias = bias.shape[0] > 0
-    wide = sh == 1 and sw == 1
-    slack = (kw - 1) * dw
     for t in prange(n_img * c_in):
         n = t // c_in
         c = t % c_in
-        flat = np.zeros(hp * wp + slack, x.dtype)
-        xp = flat[:hp * wp].reshape((hp, wp))
-        xp[pt:pt + h, pl:pl + wd] = x[n, c]
-        acc = np.empty(ho * wp if wide else 0, x.dtype)
+        flat = np.zeros(hp * wp, x.dtype)
+        _pad(flat, x[n, c], pt, pl, wp)
         for m in range(mult):
             o = c * mult + m
-            b = bias[o] if has_bias else x.dtype.type(0.0)
-            if wide:
-                acc[:] = 0
-                for i in range(kh):
-                    _wide_row(acc, flat, w[o, i], i * dh * wp, dw)
-                _crop(out[n, o], acc, wp, b, code)
-                continue
             for oy in range(ho):
                 row_acc = out[n, o, oy]
-                row_acc[:] = 0
+                _zero(row_acc)
                 for i in range(kh):
-                    row = xp[oy * sh + i * dh]
+                    r0 = (oy * sh + i * dh) * wp
+                    row = flat[r0:r0 + wp]
                     for j in range(kw):
                         _tap_row(row_acc, row, w[o, i, j], j * dw, sw, wo)
-                act_row(row_acc, b, code)
+                act_row(row_acc, bias[o] if has_bias else x.dtype.type(0.0), code)
 
 
 @njit(parallel=True, **OPTIONS)
-def direct(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, groups, code):
-    """Direct conv2d for few input channels per group: ``x`` (N, C, H, W), ``w`` (O, C/g, kh, kw),
-    ``out`` (N, O, Ho, Wo). One task per (image, group): its padded input channels are copied
-    once, then each output channel sums every (channel, tap) into its plane."""
-    n_img, c_in, h, wd = x.shape
+def direct_wide(x, w, bias, out, dh, dw, pt, pl, hp, wp, groups, code):
+    """Direct conv2d with stride 1 for few input channels per group: ``x`` (N, C, H, W), ``w``
+    (O, C/g, kh, kw), ``out`` (N, O, Ho, Wo). One task per (image, group): its padded input
+    channels are copied once, then each output channel sums every (channel, tap) into its wide
+    plane, cropped with the bias and activation."""
+    n_img = x.shape[0]
     o_out, cg, kh, kw = w.shape
-    ho, wo = out.shape[2], out.shape[3]
+    ho = out.shape[2]
     og = o_out // groups
     has_bias = bias.shape[0] > 0
-    wide = sh == 1 and sw == 1
-    slack = (kw - 1) * dw
-    plane = hp * wp + slack
+    plane = hp * wp + (kw - 1) * dw
     for t in prange(n_img * groups):
         n = t // groups
         g = t % groups
         flat = np.zeros(cg * plane, x.dtype)
         for c in range(cg):
-            xp = flat[c * plane:c * plane + hp * wp].reshape((hp, wp))
-            xp[pt:pt + h, pl:pl + wd] = x[n, g * cg + c]
-        acc = np.empty(ho * wp if wide else 0, x.dtype)
+            _pad(flat[c * plane:(c + 1) * plane], x[n, g * cg + c], pt, pl, wp)
+        acc = np.empty(ho * wp, x.dtype)
         for oo in range(og):
             o = g * og + oo
-            b = bias[o] if has_bias else x.dtype.type(0.0)
-            if wide:
-                acc[:] = 0
-                for c in range(cg):
-                    fc = flat[c * plane:(c + 1) * plane]
-                    for i in range(kh):
-                        _wide_row(acc, fc, w[o, c, i], i * dh * wp, dw)
-                _crop(out[n, o], acc, wp, b, code)
-                continue
+            _zero(acc)
+            for c in range(cg):
+                fc = flat[c * plane:(c + 1) * plane]
+                for i in range(kh):
+                    _wide_row(acc, fc, w[o, c, i], i * dh * wp, dw)
+            _crop(out[n, o], acc, wp, bias[o] if has_bias else x.dtype.type(0.0), code)
+
+
+@njit(parallel=True, **OPTIONS)
+def direct_rows(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, groups, code):
+    """:func:`direct_wide` for any stride: per output row, one strided loop per (channel, tap)."""
+    n_img = x.shape[0]
+    o_out, cg, kh, kw = w.shape
+    ho, wo = out.shape[2], out.shape[3]
+    og = o_out // groups
+    has_bias = bias.shape[0] > 0
+    plane = hp * wp
+    for t in prange(n_img * groups):
+        n = t // groups
+        g = t % groups
+        flat = np.zeros(cg * plane, x.dtype)
+        for c in range(cg):
+            _pad(flat[c * plane:(c + 1) * plane], x[n, g * cg + c], pt, pl, wp)
+        for oo in range(og):
+            o = g * og + oo
             for oy in range(ho):
                 row_acc = out[n, o, oy]
-                row_acc[:] = 0
+                _zero(row_acc)
                 for c in range(cg):
-                    xp = flat[c * plane:c * plane + hp * wp].reshape((hp, wp))
                     for i in range(kh):
-                        row = xp[oy * sh + i * dh]
+                        r0 = c * plane + (oy * sh + i * dh) * wp
+                        row = flat[r0:r0 + wp]
                         for j in range(kw):
                             _tap_row(row_acc, row, w[o, c, i, j], j * dw, sw, wo)
-                act_row(row_acc, b, code)
+                act_row(row_acc, bias[o] if has_bias else x.dtype.type(0.0), code)
 
 
 @njit(parallel=True, **OPTIONS)

@@ -249,8 +249,9 @@ def is_direct(problem: Problem) -> bool:
 def prepare_numba(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.conv2d.numba_depthwise`` / ``numba_direct``."""
     nb = jit.loops("_nb_conv")
-    codes = jit.loops("_nb_elementwise").CODES
-    code = codes[problem.attrs.get("activation")]
+    nbe = jit.loops("_nb_elementwise")
+    code = nbe.CODES[problem.attrs.get("activation")]
+    fused = code if code in nb.FUSED else 0  # others: a second pass over the output
     (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
     pt, pb, pl, pr = problem.attrs["padding"]
     _, _, h, wd = problem.shapes[0]
@@ -259,6 +260,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     dt = compute_dtype(problem.dtype)
     dw_path = is_depthwise(problem)
     name = "numpy.conv2d.numba_depthwise" if dw_path else "numpy.conv2d.numba_direct"
+    wide = sh == sw == 1  # each specialization compiles on its own first use
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -266,10 +268,17 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         w = np.ascontiguousarray(w, dt)
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
         out = np.empty(problem.out_shape, dt)
-        if dw_path:
-            jit.call(nb.depthwise, x, w.reshape(o, kh, kw), b, out, sh, sw, dh, dw, pt, pl, hp, wp, code)
+        g = problem.attrs["groups"]
+        if dw_path and wide:
+            jit.call(nb.depthwise_wide, x, w.reshape(o, kh, kw), b, out, dh, dw, pt, pl, hp, wp, fused)
+        elif dw_path:
+            jit.call(nb.depthwise_rows, x, w.reshape(o, kh, kw), b, out, sh, sw, dh, dw, pt, pl, hp, wp, fused)
+        elif wide:
+            jit.call(nb.direct_wide, x, w, b, out, dh, dw, pt, pl, hp, wp, g, fused)
         else:
-            jit.call(nb.direct, x, w, b, out, sh, sw, dh, dw, pt, pl, hp, wp, problem.attrs["groups"], code)
+            jit.call(nb.direct_rows, x, w, b, out, sh, sw, dh, dw, pt, pl, hp, wp, g, fused)
+        if code != fused and out.size:
+            jit.call(nbe.bias_act_rows, out.reshape(-1, out.shape[-2] * out.shape[-1]), b[:0], code)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use(name, launch)
