@@ -1,7 +1,14 @@
 """sum, mean and amax on the CPU: one NumPy ufunc reduction each, over the problem's axes (any
 strides: NumPy walks a view as it is). float16 accumulates in float32 (``dtype=`` of the
 reduction, no float32 copy of the input) and is rounded once at the end; ``maximum.reduce``
-keeps NaN (as torch's amax)."""
+keeps NaN (as torch's amax).
+
+With numba (:mod:`.jit`), ``numpy.<op>.numba`` (float32 and float64) reads the input once across
+the cores (:mod:`._nb_reduce`): the input seen as ``(outer, n, inner)`` by
+``opruntime.kernels.reduction_plan`` (a strided view; a transposed copy only where the reduced
+axes do not collapse), blocks of a row in parallel with vectorized partial sums combined in
+float64 along a row, or blocks of columns accumulated in float64 down the rows. NumPy's
+reductions run on one core, pairwise along a contiguous row (about 20 GB/s here)."""
 
 from __future__ import annotations
 
@@ -10,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
+from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, reduction_plan, roofline
 
+from . import jit
 from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
 F32 = np.dtype(np.float32)
@@ -51,10 +59,54 @@ def cost(problem: Problem, config: Any) -> float:
     return roofline(float(n), n * itemsize(problem.dtype), CPU_FLOPS, CPU_BYTES, 2e-6)
 
 
+def prepare_numba(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.<op>.numba``: the input as ``(outer, n, inner)`` (a strided view, or
+    a transposed copy), the loop's float64 result divided by ``n`` for ``mean`` and rounded once."""
+    nb = jit.loops("_nb_reduce")
+    (outer, n, inner, so, sn, si), perm = reduction_plan(problem)
+    is_max = problem.op == "amax"
+    mean = problem.op == "mean"
+    dtype = np.dtype(problem.dtype)
+    out_shape = problem.out_shape
+
+    @_quiet
+    def launch(x: np.ndarray) -> np.ndarray:
+        if perm is not None:
+            x = np.ascontiguousarray(x.transpose(perm))
+            view = x.reshape(outer, n)
+        else:
+            size = x.itemsize
+            view = np.lib.stride_tricks.as_strided(x, (outer, n, inner), (so * size, sn * size, si * size))
+        if inner == 1:
+            acc = np.empty(outer, np.float64)
+            jit.call(nb.rows, view.reshape(outer, n), acc, is_max)
+        else:
+            acc = np.empty((outer, inner), np.float64)
+            jit.call(nb.cols, view, acc, is_max)
+        if mean:
+            acc /= n
+        return acc.astype(dtype).reshape(out_shape)
+
+    return jit.first_use(f"numpy.{problem.op}.numba", launch)
+
+
+def numba_cost(problem: Problem, config: Any) -> float:
+    """One read of the input across the threads (a transposed copy first where the axes need it)."""
+    n = math.prod(problem.shapes[0])
+    moved = n * itemsize(problem.dtype) * (1 if reduction_plan(problem)[1] is None else 3)
+    return roofline(float(n), moved, CPU_FLOPS * 4, CPU_BYTES * 1.5, 6e-6)
+
+
 def kernels() -> list[Kernel]:
-    return [
+    out = [
         #      op      name                  kind   dtypes  run
         Kernel("sum", "numpy.sum.ufunc", "cpu", FLOATS, reduce_sum, cost=cost, source="np.add.reduce"),
         Kernel("mean", "numpy.mean.ufunc", "cpu", FLOATS, reduce_mean, cost=cost, source="np.add.reduce / n"),
         Kernel("amax", "numpy.amax.ufunc", "cpu", FLOATS, reduce_max, cost=cost, source="np.maximum.reduce"),
     ]
+    if jit.available():
+        src = jit.source("_nb_reduce")
+        out += [Kernel(op, f"numpy.{op}.numba", "cpu", ("float32", "float64"), prepare=prepare_numba, cost=numba_cost,
+                       source=src, notes=jit.notes(f"numpy.{op}.numba"))
+                for op in ("sum", "mean", "amax")]
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 from opruntime_numpy import buffers
 
 import opruntime as opr
@@ -64,3 +65,34 @@ def test_large_softmax_results_do_not_alias():
     ref = np.exp(x - x.max(-1, keepdims=True))
     ref /= ref.sum(-1, keepdims=True)
     assert np.allclose(keep, ref, atol=1e-6)
+
+
+def _pinned(op: str):
+    return opr.override(ops={op: {"kernel": f"numpy.{op}.numba"}}, strict=True)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, None])
+def test_numba_amax_nan_and_inf(axis):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((37, 9000)).astype(np.float32)  # rows longer than a block
+    x[3, 5000] = np.nan
+    x[5, 17] = np.inf
+    x[7, 8999] = -np.inf
+    x[9, :] = np.inf
+    x[11, 4] = np.inf
+    x[11, 4100] = np.nan
+    with _pinned("amax"):
+        got = np.asarray(opr.amax(x, axis=axis))
+    ref = np.max(x, axis=axis)  # NaN propagates
+    assert np.array_equal(got, ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("shape,axis", [((1 << 22,), None), ((3, 1 << 20), -1), ((1 << 17, 5), 0), ((64, 4096), 0)])
+def test_numba_long_sums_stay_accurate(op, shape, axis):
+    x = (np.random.default_rng(2).random(shape, np.float64) + 0.5).astype(np.float32)  # all positive: errors add up
+    with _pinned(op):
+        got = np.asarray(opr.sum(x, axis=axis) if op == "sum" else opr.mean(x, axis=axis), np.float64)
+    x64 = x.astype(np.float64)
+    ref = x64.sum(axis=axis) if op == "sum" else x64.mean(axis=axis)
+    assert np.max(np.abs(got - ref) / np.abs(ref)) < 1e-6

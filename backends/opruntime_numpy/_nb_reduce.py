@@ -1,0 +1,134 @@
+"""numba loops of the reductions ``sum`` / ``mean`` / ``amax`` (imported through :mod:`.jit` only).
+
+The input comes as a view ``(outer, n, inner)`` reduced over ``n`` (any strides; the launcher
+makes it from ``opruntime.kernels.reduction_plan``; ``(outer, n)`` when ``inner == 1``), float32
+or float64.
+
+* ``inner == 1`` (:func:`rows`): tasks of ``(row, block of BLOCK elements)`` run in parallel, so a
+  few long rows (a sum over everything) use every core as many short ones do; each block is one
+  vectorized loop (a sum with :func:`._nb_math.radd`: partial sums per lane), its result kept in
+  float64; then each row's blocks are combined in float64. Two levels: a float32 block of 4096
+  has about 64 additions per lane, and the blocks' sum is float64, so long sums stay well inside
+  the float32 tolerance (a sequential float32 sum of 4M elements would not).
+* ``inner > 1`` (:func:`cols`): tasks of ``(outer index, block of WIDTH columns)``; down the
+  ``n`` rows each row's block is one contiguous run added into an accumulator per column
+  (vectorized across the columns) in the input's dtype for ROWS rows, then into float64.
+
+``amax`` reduces with ``llvm.maxnum`` (vectorized; it ignores NaN) and sums ``x * 0`` beside it,
+which is NaN where a NaN or an inf went by; only then is the block searched for a NaN (a row
+with a NaN gives NaN, as torch's amax). An integer count of NaNs in the same loop would keep
+LLVM from vectorizing it (12x slower).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._nb_math import maxnum, radd
+
+OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
+#: elements of a row per task (and per float64 partial)
+BLOCK = 4096
+#: columns per task of the strided path
+WIDTH = 256
+#: rows per partial sum of the strided path (in the input's dtype: 64 float32 additions at most)
+ROWS = 64
+
+
+@njit(**OPTIONS)
+def _block_sum(v):
+    s = v.dtype.type(0.0)
+    for j in range(v.shape[0]):
+        s = radd(s, v[j])
+    return np.float64(s)
+
+
+@njit(**OPTIONS)
+def _has_nan(v):
+    """Whether ``v`` holds a NaN: a vectorized sum of ``v * 0`` (NaN for NaN and for +-inf), and
+    only when that is NaN a scalar look for a NaN itself."""
+    z = v.dtype.type(0.0)
+    for j in range(v.shape[0]):
+        z = radd(z, v[j] * v.dtype.type(0.0))
+    if z == z:
+        return False
+    for j in range(v.shape[0]):
+        if v[j] != v[j]:
+            return True
+    return False
+
+
+@njit(**OPTIONS)
+def _block_max(v):
+    """The largest of ``v`` (``llvm.maxnum``, vectorized), NaN when it holds one (a second pass,
+    over a block still in L1)."""
+    m = v.dtype.type(-np.inf)
+    for j in range(v.shape[0]):
+        m = maxnum(m, v[j])
+    return np.float64(np.nan) if _has_nan(v) else np.float64(m)
+
+
+@njit(parallel=True, **OPTIONS)
+def rows(x, out, is_max):
+    """``out[o] = sum (or max) of x[o]`` for the 2-D ``x`` (outer, n); ``out`` float64 (outer,)."""
+    outer, n = x.shape
+    blocks = (n + BLOCK - 1) // BLOCK
+    part = np.empty((outer, blocks), np.float64)
+    for t in prange(outer * blocks):
+        o = t // blocks
+        j0 = (t % blocks) * BLOCK
+        v = x[o, j0:min(n, j0 + BLOCK)]  # a slice: contiguous rows get the vectorized loop
+        part[o, t % blocks] = _block_max(v) if is_max else _block_sum(v)
+    for o in range(outer):
+        if is_max:
+            m = part[o, 0]
+            for b in range(1, blocks):
+                p = part[o, b]
+                m = p if (p > m or p != p) and m == m else m
+            out[o] = m
+        else:
+            s = 0.0
+            for b in range(blocks):
+                s += part[o, b]
+            out[o] = s
+
+
+@njit(parallel=True, **OPTIONS)
+def cols(x, out, is_max):
+    """``out[o, c] = sum (or max) of x[o, :, c]`` for the 3-D ``x`` (outer, n, inner); ``out``
+    float64 (outer, inner)."""
+    outer, n, inner = x.shape
+    blocks = (inner + WIDTH - 1) // WIDTH
+    for t in prange(outer * blocks):
+        o = t // blocks
+        c0 = (t % blocks) * WIDTH
+        c1 = min(inner, c0 + WIDTH)
+        w = c1 - c0
+        total = out[o, c0:c1]
+        if is_max:
+            m = np.full(w, -np.inf, x.dtype)
+            z = np.zeros(w, x.dtype)  # NaN where a NaN or an inf went by
+            for i in range(n):
+                xi = x[o, i, c0:c1]
+                for c in range(w):
+                    v = xi[c]
+                    m[c] = maxnum(m[c], v)
+                    z[c] = z[c] + v * x.dtype.type(0.0)
+            for c in range(w):
+                total[c] = np.float64(m[c])
+                if z[c] != z[c] and _has_nan(x[o, :, c0 + c]):
+                    total[c] = np.nan
+        else:
+            for c in range(w):
+                total[c] = 0.0
+            acc = np.empty(w, x.dtype)  # in the input's dtype for ROWS rows, then into float64
+            for i0 in range(0, n, ROWS):
+                for c in range(w):
+                    acc[c] = 0.0
+                for i in range(i0, min(n, i0 + ROWS)):
+                    xi = x[o, i, c0:c1]
+                    for c in range(w):
+                        acc[c] += xi[c]
+                for c in range(w):
+                    total[c] += acc[c]
