@@ -140,7 +140,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     scale, causal = acc_t.type(problem.attrs["scale"]), problem.attrs["causal"]
     absent = np.zeros((1, 1, 1, 1), acc_t)
     tasks = _tasks(problem, qblock)
-    workers = min(jit.threads(), tasks)
+    workers = max(1, min(jit.threads(), tasks))
     if workers > 1 and (OPS["scaled_dot_product_attention"].flops(problem) < NUMBA_SERIAL_FLOPS
                         or not _blas.controllable()):
         workers = 1
@@ -178,7 +178,7 @@ def numba_cost(problem: Problem, config: Any) -> float:
     cfg = config or NUMBA_CONFIGS[0]
     B, H, L, Ev = problem.out_shape
     S, E = problem.shapes[1][-2:]
-    rows = min(L, int(cfg["qblock"]))
+    rows = max(1, min(L, int(cfg["qblock"])))
     cores = max(1, min(jit.threads(), _tasks(problem, int(cfg["qblock"]))))
     flops = op.flops(problem)
     scores = flops / (2.0 * max(1, E + Ev))
