@@ -187,3 +187,22 @@ def norm_rows(x, out, w, b, has_w, has_b, rms, eps):
         else:
             for j in range(n):
                 yr[j] = (xr[j] - mean) * rstd
+
+
+# -- batch_norm (inference) -------------------------------------------------------------------------------
+
+@njit(parallel=True, **OPTIONS)
+def channel_affine(x, out, scale, shift):
+    """``out[o, c, :] = x[o, c, :] * scale[c] + shift[c]`` over the 3-D ``x`` (N, C, spatial): one
+    (image, channel) plane per parallel task, one vectorized loop each (batch_norm with its
+    statistics, weight and bias folded into ``scale`` and ``shift``)."""
+    outer, ch, inner = x.shape
+    for t in prange(outer * ch):
+        o = t // ch
+        c = t % ch
+        xr = x[o, c]
+        yr = out[o, c]
+        a = scale[c]
+        b = shift[c]
+        for j in range(inner):
+            yr[j] = xr[j] * a + b

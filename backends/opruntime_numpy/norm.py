@@ -10,7 +10,9 @@ batch_norm folds the running statistics, weight and bias into one scale and shif
 With numba (:mod:`.jit`), ``numpy.layer_norm.numba`` and ``numpy.rms_norm.numba`` read the input
 once: rows run in parallel, and each row, in cache, takes its mean, the mean square of the
 centred row (two vectorized passes, as the float64 reference computes it) and one output pass
-``(x - mean) * rstd * w + b``. float16 is computed in float32.
+``(x - mean) * rstd * w + b``; ``numpy.batch_norm.numba`` applies the folded scale and shift
+with one (image, channel) plane per parallel task (the NumPy kernel runs on one core). float16
+is computed in float32.
 """
 
 from __future__ import annotations
@@ -91,6 +93,20 @@ def rms_norm(problem: Problem, config: Any, x: np.ndarray, *vecs: np.ndarray) ->
     return _rows(problem, x, *vecs)
 
 
+def _fold(problem: Problem, mean: np.ndarray, var: np.ndarray, vecs: tuple[np.ndarray, ...],
+          acc: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """batch_norm's statistics, weight and bias as one ``scale`` and ``shift`` per channel (made in
+    float64, returned in the computation dtype ``acc``)."""
+    w, b = _vectors(problem, vecs, np.dtype(np.float64))
+    scale = 1.0 / np.sqrt(var.astype(np.float64) + problem.attrs["eps"])
+    if w is not None:
+        scale = scale * w
+    shift = -mean.astype(np.float64) * scale
+    if b is not None:
+        shift = shift + b
+    return scale.astype(acc), shift.astype(acc)
+
+
 @_quiet
 def batch_norm(problem: Problem, config: Any, x: np.ndarray, mean: np.ndarray, var: np.ndarray,
                *vecs: np.ndarray) -> np.ndarray:
@@ -99,15 +115,9 @@ def batch_norm(problem: Problem, config: Any, x: np.ndarray, mean: np.ndarray, v
     s = math.prod(shape[2:])
     x = x.reshape(n, c, s)
     acc = _acc(x.dtype)
-    w, b = _vectors(problem, vecs, np.dtype(np.float64))
-    scale = 1.0 / np.sqrt(var.astype(np.float64) + problem.attrs["eps"])
-    if w is not None:
-        scale = scale * w
-    shift = -mean.astype(np.float64) * scale
-    if b is not None:
-        shift = shift + b
-    scale = scale.astype(acc)[:, None]
-    shift = shift.astype(acc)[:, None]
+    scale, shift = _fold(problem, mean, var, vecs, acc)
+    scale = scale[:, None]
+    shift = shift[:, None]
     out = np.empty((n, c, s), x.dtype)
     step = max(1, BLOCK_BYTES // (c * s * acc.itemsize))
     for n0 in range(0, n, step):  # blocks of whole images
@@ -148,6 +158,26 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     return jit.first_use(f"numpy.{problem.op}.numba", launch)
 
 
+def prepare_batch_norm(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.batch_norm.numba``: scale and shift folded per call (the statistics
+    are operands), then one parallel pass over the (N, C, spatial) planes."""
+    nb = jit.loops("_nb_rows")
+    shape = problem.shapes[0]
+    n, c = shape[:2]
+    s = math.prod(shape[2:])
+    acc = _acc(np.dtype(problem.dtype))
+
+    @_quiet
+    def launch(x: np.ndarray, mean: np.ndarray, var: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
+        scale, shift = _fold(problem, mean, var, vecs, acc)
+        x3 = x.reshape(n, c, s).astype(acc, copy=False)
+        out = buffers.empty((n, c, s), acc)
+        jit.call(nb.channel_affine, x3, out, scale, shift)
+        return out.reshape(shape).astype(x.dtype, copy=False)
+
+    return jit.first_use("numpy.batch_norm.numba", launch)
+
+
 def numba_cost(problem: Problem, config: Any) -> float:
     """One read and one write (float16: and the float32 copies), across the threads."""
     n = math.prod(problem.out_shape)
@@ -166,4 +196,6 @@ def kernels() -> list[Kernel]:
         out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src,
                           notes=jit.notes(f"numpy.{op}.numba"))
                 for op in ("layer_norm", "rms_norm")]
+        out.append(Kernel("batch_norm", "numpy.batch_norm.numba", "cpu", FLOATS, prepare=prepare_batch_norm,
+                          cost=numba_cost, source=src, notes=jit.notes("numpy.batch_norm.numba")))
     return out

@@ -29,7 +29,7 @@ NUMBA_KERNELS = [
     *(f"numpy.{op}.numba" for op in ("add", "sub", "mul", "div", "neg", "relu", "gelu", "silu", "sigmoid", "tanh")),
     "numpy.conv2d.numba_depthwise", "numpy.conv2d.numba_direct", "numpy.max_pool2d.numba", "numpy.avg_pool2d.numba",
     "numpy.scaled_dot_product_attention.numba", "numpy.linear.numba",
-    "numpy.sum.numba", "numpy.mean.numba", "numpy.amax.numba",
+    "numpy.sum.numba", "numpy.mean.numba", "numpy.amax.numba", "numpy.batch_norm.numba",
 ]
 
 
