@@ -15,7 +15,8 @@ With numba (:mod:`.jit`), ``numpy.max_pool2d.numba`` and ``numpy.avg_pool2d.numb
 plane per parallel task: the plane copied once into a padded buffer in cache, each output row
 reduced from rows of taps (:mod:`._nb_conv`), so the input is read once and the output written
 once (the NumPy path passes over the outputs once per tap). float16 is computed in float32
-(exact for max).
+(exact for max). ``numpy.adaptive_avg_pool2d.numba`` (:mod:`._nb_pool`) reads the input once
+with the planes spread over the cores (the NumPy kernel runs on one).
 """
 
 from __future__ import annotations
@@ -192,6 +193,45 @@ def numba_cost(problem: Problem, config: Any) -> float:
                     8e-6)
 
 
+def prepare_adaptive_numba(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.adaptive_avg_pool2d.numba`` (:mod:`._nb_pool`): the global pool of
+    short planes as one vectorized sum per plane, long ones through the float64 blocks of
+    ``_nb_reduce.rows``; other sizes one plane per task, the input read once."""
+    nb = jit.loops("_nb_pool")
+    n, c, h, w = problem.shapes[0]
+    oh, ow = problem.out_shape[2:]
+    acc_t = np.dtype(np.float32 if problem.dtype == "float16" else problem.dtype)
+    i, j = np.arange(oh), np.arange(ow)
+    h0, h1 = (i * h) // oh, -((-(i + 1) * h) // oh)
+    w0, w1 = (j * w) // ow, -((-(j + 1) * w) // ow)
+    glob = oh == 1 and ow == 1
+    red = jit.loops("_nb_reduce") if glob and h * w > nb.SHORT else None
+
+    def launch(x: np.ndarray) -> np.ndarray:
+        x = x.astype(acc_t, copy=False)
+        if glob:
+            x2 = x.reshape(n * c, h * w)
+            if red is None:
+                out = np.empty(n * c, acc_t)
+                jit.call(nb.plane_means, x2, out)
+            else:
+                out = np.empty(n * c, np.float64)
+                jit.call(red.rows, x2, out, False)
+                out = (out / (h * w)).astype(acc_t)
+        else:
+            out = np.empty((n * c, oh, ow), acc_t)
+            jit.call(nb.adaptive, x.reshape(n * c, h, w), out, h0, h1, w0, w1)
+        return out.reshape(problem.out_shape).astype(problem.dtype, copy=False)
+
+    return jit.first_use("numpy.adaptive_avg_pool2d.numba", launch)
+
+
+def adaptive_numba_cost(problem: Problem, config: Any) -> float:
+    """One read of the input across the threads."""
+    n_in, n_out = math.prod(problem.shapes[0]), math.prod(problem.out_shape)
+    return roofline(float(n_in), (n_in + n_out) * itemsize(problem.dtype), CPU_FLOPS, CPU_BYTES * 1.5, 6e-6)
+
+
 def kernels() -> list[Kernel]:
     out = [
         Kernel("max_pool2d", "numpy.max_pool2d.taps", "cpu", FLOATS, max_pool2d, cost=pool_cost, configs=CONFIGS),
@@ -204,4 +244,8 @@ def kernels() -> list[Kernel]:
         out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost, source=src,
                           notes=jit.notes(f"numpy.{op}.numba"))
                 for op in ("max_pool2d", "avg_pool2d")]
+        out.append(Kernel("adaptive_avg_pool2d", "numpy.adaptive_avg_pool2d.numba", "cpu", FLOATS,
+                          prepare=prepare_adaptive_numba, cost=adaptive_numba_cost,
+                          source=jit.source("_nb_pool", "_nb_reduce"),
+                          notes=jit.notes("numpy.adaptive_avg_pool2d.numba")))
     return out

@@ -30,6 +30,7 @@ NUMBA_KERNELS = [
     "numpy.conv2d.numba_depthwise", "numpy.conv2d.numba_direct", "numpy.max_pool2d.numba", "numpy.avg_pool2d.numba",
     "numpy.scaled_dot_product_attention.numba", "numpy.linear.numba",
     "numpy.sum.numba", "numpy.mean.numba", "numpy.amax.numba", "numpy.batch_norm.numba",
+    "numpy.adaptive_avg_pool2d.numba",
 ]
 
 

@@ -96,3 +96,12 @@ def test_numba_long_sums_stay_accurate(op, shape, axis):
     x64 = x.astype(np.float64)
     ref = x64.sum(axis=axis) if op == "sum" else x64.mean(axis=axis)
     assert np.max(np.abs(got - ref) / np.abs(ref)) < 1e-6
+
+
+@pytest.mark.parametrize("shape,size", [((2, 3, 70, 90), 1), ((2, 3, 7, 7), 1), ((2, 3, 13, 11), (5, 4)), ((1, 2, 9, 9), 9)])
+def test_numba_adaptive_avg_pool(shape, size):
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    with _pinned("adaptive_avg_pool2d"):
+        got = np.asarray(opr.adaptive_avg_pool2d(x, size))
+    ref = opr.ops.OPS["adaptive_avg_pool2d"].reference(x.astype(np.float64), output_size=size)
+    assert got.shape == ref.shape and np.allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,56 @@
+"""numba loops of ``adaptive_avg_pool2d`` (imported through :mod:`.jit` only). float32 and float64
+are computed natively (the launcher widens float16 to float32).
+
+* :func:`plane_means`: the global (1x1) pool of planes of up to :data:`SHORT` elements, one
+  contiguous plane per row of a 2-D view, rows in parallel, each a vectorized sum (partial sums
+  per lane, :func:`._nb_math.radd`). Longer planes go through ``_nb_reduce.rows`` (float64 blocks).
+* :func:`adaptive`: any output size, one plane per parallel task: per output row, the input rows
+  of its window summed into a float64 row (vectorized across the columns), then each output
+  column's window of that row summed and divided by the window's size. The input is read once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._nb_math import radd
+
+OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
+#: planes up to this many elements are summed in their own dtype (at most 64 additions a lane)
+SHORT = 4096
+
+
+@njit(parallel=True, **OPTIONS)
+def plane_means(x, out):
+    """``out[p] = mean(x[p])`` for the 2-D ``x`` (planes, h*w)."""
+    planes, n = x.shape
+    scale = x.dtype.type(1.0) / x.dtype.type(n)
+    for p in prange(planes):
+        xr = x[p]
+        s = x.dtype.type(0.0)
+        for j in range(n):
+            s = radd(s, xr[j])
+        out[p] = s * scale
+
+
+@njit(parallel=True, **OPTIONS)
+def adaptive(x, out, h0, h1, w0, w1):
+    """``out[p, i, j] = mean(x[p, h0[i]:h1[i], w0[j]:w1[j]])`` for the 3-D ``x`` (planes, h, w)."""
+    planes, h, w = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    for p in prange(planes):
+        row = np.empty(w, np.float64)
+        for i in range(oh):
+            for c in range(w):
+                row[c] = 0.0
+            for r in range(h0[i], h1[i]):
+                xr = x[p, r]
+                for c in range(w):
+                    row[c] += xr[c]
+            rows = h1[i] - h0[i]
+            for j in range(ow):
+                s = 0.0
+                for c in range(w0[j], w1[j]):
+                    s += row[c]
+                out[p, i, j] = s / (rows * (w1[j] - w0[j]))
