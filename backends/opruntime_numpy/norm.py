@@ -8,11 +8,11 @@ batch_norm folds the running statistics, weight and bias into one scale and shif
 (``y = x * scale + shift``), computed in float64 and applied in the computation dtype.
 
 With numba (:mod:`.jit`), ``numpy.layer_norm.numba`` and ``numpy.rms_norm.numba`` read the input
-once: rows run in parallel, and each row, in cache, takes its mean, the mean square of the
-centred row (two vectorized passes, as the float64 reference computes it) and one output pass
-``(x - mean) * rstd * w + b``; ``numpy.batch_norm.numba`` applies the folded scale and shift
-with one (image, channel) plane per parallel task (the NumPy kernel runs on one core). float16
-is computed in float32.
+once: rows run in parallel, and each row, in cache, takes its statistics (float32: the sum and
+sum of squares in float64, one pass; float64: the mean, then the mean square of the centred row,
+as the float64 reference computes it) and one output pass ``(x - mean) * rstd * w + b``;
+``numpy.batch_norm.numba`` applies the folded scale and shift with one (image, channel) plane
+per parallel task (the NumPy kernel runs on one core). float16 is computed in float32.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     eps = DEFAULT_EPS[problem.dtype] if eps is None else eps
     acc = _acc(np.dtype(problem.dtype))
     absent = np.zeros(1, acc)
+    onepass = acc == np.float32  # layer_norm's statistics in one float64 pass (see _nb_rows.norm_rows)
 
     @_quiet
     def launch(x: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
@@ -152,7 +153,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         x2 = x.reshape(rows, cols).astype(acc, copy=False)
         out = buffers.empty((rows, cols), acc)
         jit.call(nb.norm_rows, x2, out, absent if w is None else w, absent if b is None else b, w is not None,
-                 b is not None, rms, eps)
+                 b is not None, rms, eps, onepass)
         return out.reshape(shape).astype(x.dtype, copy=False)
 
     return jit.first_use(f"numpy.{problem.op}.numba", launch)

@@ -105,3 +105,14 @@ def test_numba_adaptive_avg_pool(shape, size):
         got = np.asarray(opr.adaptive_avg_pool2d(x, size))
     ref = opr.ops.OPS["adaptive_avg_pool2d"].reference(x.astype(np.float64), output_size=size)
     assert got.shape == ref.shape and np.allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3, 1e4])
+def test_numba_layer_norm_one_pass_statistics_with_a_large_mean(offset):
+    """float32 layer_norm takes E[x^2] - mean^2 in float64: rows far from zero keep their accuracy."""
+    x = (np.random.default_rng(4).standard_normal((33, 1000)) + offset).astype(np.float32)
+    with _pinned("layer_norm"):
+        got = np.asarray(opr.layer_norm(x, 1000), np.float64)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
