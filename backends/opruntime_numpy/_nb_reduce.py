@@ -14,10 +14,8 @@ or float64.
   ``n`` rows each row's block is one contiguous run added into an accumulator per column
   (vectorized across the columns) in the input's dtype for ROWS rows, then into float64.
 
-``amax`` reduces with ``llvm.maxnum`` (vectorized; it ignores NaN) and sums ``x * 0`` beside it,
-which is NaN where a NaN or an inf went by; only then is the block searched for a NaN (a row
-with a NaN gives NaN, as torch's amax). An integer count of NaNs in the same loop would keep
-LLVM from vectorizing it (12x slower).
+``amax`` reduces with ``llvm.maximum`` (:func:`._nb_math.maximum`): vectorized, and NaN as soon
+as one NaN goes by (as torch's amax).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._nb_math import maxnum, radd
+from ._nb_math import maximum, radd
 
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 #: elements of a row per task (and per float64 partial)
@@ -45,28 +43,12 @@ def _block_sum(v):
 
 
 @njit(**OPTIONS)
-def _has_nan(v):
-    """Whether ``v`` holds a NaN: a vectorized sum of ``v * 0`` (NaN for NaN and for +-inf), and
-    only when that is NaN a scalar look for a NaN itself."""
-    z = v.dtype.type(0.0)
-    for j in range(v.shape[0]):
-        z = radd(z, v[j] * v.dtype.type(0.0))
-    if z == z:
-        return False
-    for j in range(v.shape[0]):
-        if v[j] != v[j]:
-            return True
-    return False
-
-
-@njit(**OPTIONS)
 def _block_max(v):
-    """The largest of ``v`` (``llvm.maxnum``, vectorized), NaN when it holds one (a second pass,
-    over a block still in L1)."""
+    """The largest of ``v``, NaN when it holds one (``llvm.maximum``, vectorized)."""
     m = v.dtype.type(-np.inf)
     for j in range(v.shape[0]):
-        m = maxnum(m, v[j])
-    return np.float64(np.nan) if _has_nan(v) else np.float64(m)
+        m = maximum(m, v[j])
+    return np.float64(m)
 
 
 @njit(parallel=True, **OPTIONS)
@@ -108,17 +90,12 @@ def cols(x, out, is_max):
         total = out[o, c0:c1]
         if is_max:
             m = np.full(w, -np.inf, x.dtype)
-            z = np.zeros(w, x.dtype)  # NaN where a NaN or an inf went by
             for i in range(n):
                 xi = x[o, i, c0:c1]
                 for c in range(w):
-                    v = xi[c]
-                    m[c] = maxnum(m[c], v)
-                    z[c] = z[c] + v * x.dtype.type(0.0)
+                    m[c] = maximum(m[c], xi[c])
             for c in range(w):
                 total[c] = np.float64(m[c])
-                if z[c] != z[c] and _has_nan(x[o, :, c0 + c]):
-                    total[c] = np.nan
         else:
             for c in range(w):
                 total[c] = 0.0
