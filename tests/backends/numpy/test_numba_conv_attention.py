@@ -47,7 +47,7 @@ def _at(q, k, v=None, mask=None, views=(), **attrs) -> Case:
 ATTENTION = cases(
     "scaled_dot_product_attention",
     _at((1, 2, 300, 40), (1, 2, 300, 40), is_causal=True),  # 5 query tiles of 64, the last of 44
-    _at((2, 3, 130, 16), (2, 3, 1100, 16), (2, 3, 1100, 24)),  # 5 key tiles of 256, Ev != E
+    _at((2, 3, 130, 16), (2, 3, 1100, 16), (2, 3, 1100, 24)),  # 2 key tiles of 1024 (5 of 256), Ev != E
     _at((1, 2, 200, 32), (1, 2, 77, 32), is_causal=True),  # L > S: rows past S see every key
     _at((1, 2, 77, 32), (1, 2, 300, 32), is_causal=True),  # L < S: top-left aligned
     _at((2, 4, 150, 16), (1, 2, 290, 16), (2, 2, 290, 8), enable_gqa=True, is_causal=True),
@@ -166,4 +166,4 @@ def test_attention_cost_prefers_flash_from_medium_sizes():
         kv = np.zeros((*shape[:2], 1024, 64), np.float32)
         text = str(opr.explain("scaled_dot_product_attention", q, kv, kv, device="cpu"))
         assert "chosen: numpy.scaled_dot_product_attention.numba" in text, text
-    assert attention.NUMBA_CONFIGS[0] == {"qblock": 64, "kblock": 256}
+    assert attention.NUMBA_CONFIGS[0] == {"qblock": 64, "kblock": 1024}
