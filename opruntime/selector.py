@@ -376,9 +376,14 @@ def check_fits(problem: Problem, device: Device) -> None:
 def _fatal(plan: Plan, exc: BaseException) -> BaseException:
     """Failures no other kernel on the device can mend, raised as they are (no fallback): a device
     that is gone, and out of memory (a plain ``MemoryError`` becomes :class:`OutOfMemoryError`)."""
-    if not isinstance(exc, MemoryError) or isinstance(exc, OutOfMemoryError):
+    if not isinstance(exc, MemoryError):
         return exc
-    err = OutOfMemoryError(f"{plan.problem.op}: out of memory on {plan.device.name} for {plan.problem}: {exc}")
+    if isinstance(exc, OutOfMemoryError):  # a device's own words: with the operator named, if they lack it
+        if str(exc).startswith(f"{plan.problem.op}:"):
+            return exc
+        err = OutOfMemoryError(f"{plan.problem.op} ({plan.problem}): {exc}")
+    else:
+        err = OutOfMemoryError(f"{plan.problem.op}: out of memory on {plan.device.name} for {plan.problem}: {exc}")
     err.__cause__ = exc
     return err
 

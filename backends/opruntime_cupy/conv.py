@@ -38,14 +38,13 @@ from typing import Any
 from opruntime.kernels import Kernel, Problem, itemsize
 
 from . import compile as cc
-from .conv_launch import DTYPE_CODE, Conv, pointwise, preparer, wino_gemm, wino_tiles
+from .conv_launch import DTYPE_CODE, INT_MAX, Conv, int32_ok, pointwise, preparer, wino_gemm, wino_tiles
 
 DTYPES = frozenset(DTYPE_CODE)
 HALVES = frozenset({"float16", "bfloat16"})
 WINO_DTYPES = frozenset({"float32"})
 VENDOR_DTYPES = DTYPES
 LAUNCH_S = 4e-6
-INT_MAX = 2**31 - 1
 
 # -- the table ------------------------------------------------------------------------------------
 
@@ -88,29 +87,24 @@ def _src(name: str) -> str:
 # -- what each kernel accepts -------------------------------------------------------------------------
 
 
-def _int32_ok(cv: Conv, problem: Problem) -> bool:
-    return (cv.x_extent() < INT_MAX and math.prod(problem.out_shape) < INT_MAX and cv.npq < INT_MAX
-            and cv.groups <= 65535 and all(abs(v) < 2**28 for v in cv.sx))
-
-
 def _igemm_ok(problem: Problem) -> bool:
     cv = Conv(problem)
-    return _int32_ok(cv, problem) and -(-cv.kg // 64) <= 65535
+    return int32_ok(cv, problem) and -(-cv.kg // 64) <= 65535
 
 
 def _depthwise_ok(problem: Problem) -> bool:
     cv = Conv(problem)
-    return cv.groups == cv.c and cv.cg == 1 and _int32_ok(cv, problem)
+    return cv.groups == cv.c and cv.cg == 1 and int32_ok(cv, problem)
 
 
 def _vendor_ok(problem: Problem) -> bool:
-    return _int32_ok(Conv(problem), problem)
+    return int32_ok(Conv(problem), problem)
 
 
 def _winograd_ok(problem: Problem) -> bool:
     cv = Conv(problem)
     return (cv.r == cv.s == 3 and cv.str_h == cv.str_w == 1 and cv.dil_h == cv.dil_w == 1 and cv.groups == 1
-            and _int32_ok(cv, problem) and 36 * max(cv.c, cv.k) * wino_tiles(cv, 2) < INT_MAX)
+            and int32_ok(cv, problem) and 36 * max(cv.c, cv.k) * wino_tiles(cv, 2) < INT_MAX)
 
 
 

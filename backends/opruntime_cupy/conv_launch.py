@@ -31,6 +31,16 @@ TAB_INVALID = 1 << 29
 # -- the problem as the kernels see it --------------------------------------------------------------
 
 
+INT_MAX = 2**31 - 1
+
+
+def int32_ok(cv: Conv, problem: Problem) -> bool:
+    """Every extent and count a convolution's 32-bit index arithmetic meets is below 2**31 (the own
+    kernels index in int; cuDNN's engines crashed the context on a padding of 2**40)."""
+    return (cv.x_extent() < INT_MAX and math.prod(problem.out_shape) < INT_MAX and cv.npq < INT_MAX
+            and cv.groups <= 65535 and all(abs(v) < 2**28 for v in cv.sx))
+
+
 class Conv:
     """The sizes of one conv2d problem, and the kernel argument block (``ConvParams``)."""
 

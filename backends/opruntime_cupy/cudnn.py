@@ -56,6 +56,7 @@ from opruntime.errors import KernelError
 from opruntime.kernels import Kernel, Problem, Refusal, c_strides, itemsize
 
 from . import memory
+from .conv_launch import Conv, int32_ok
 
 HALVES = frozenset({"float16", "bfloat16"})
 CONV_DTYPES = frozenset({"float32", "float16", "bfloat16"})
@@ -549,6 +550,8 @@ def supports_conv(problem: Problem) -> bool | Refusal:
     why = cudnn_missing()
     if why:
         return Refusal(why)
+    if not int32_ok(Conv(problem), problem):
+        return Refusal("an extent or an element count reaches 2**31 (cuDNN's engines crashed the context on such)")
     if problem.dtype == "float32" and not _tf32_knob():
         return Refusal("this cuDNN frontend cannot deselect TF32 engines (deselect_numeric_notes): float32 would "
                        "not be float32")

@@ -78,7 +78,10 @@ def call_typed(device: opr.Device, code: str) -> tuple[str, str]:
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", child], capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, f"the process died (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-1500:]}"
-    head, _, msg = proc.stdout.strip().splitlines()[-1].partition(" | ")
+    # the child's own line (a library may print after it: XLA logs on stdout)
+    ours = [ln for ln in proc.stdout.splitlines() if " | " in ln and len(ln.partition(" | ")[0].split()) == 2]
+    assert ours, f"the child printed no result:\n{(proc.stdout + proc.stderr)[-1500:]}"
+    head, _, msg = ours[-1].partition(" | ")
     module, name = head.split()
     assert module in ("-", "opruntime.errors"), f"untyped {module}.{name}: {msg}"
     return name, msg
