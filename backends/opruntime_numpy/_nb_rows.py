@@ -102,6 +102,91 @@ def softmax_rows(x, out, log, block):
         _row(x[r], out[r], log, block)
 
 
+@njit(error_model="numpy")
+def _stats(x, block):
+    """(max, sum of exp(x - max)) of the 1-D ``x``: one online pass over blocks of ``block``
+    (a block's max, then its exps against the running max, the running sum rescaled when the
+    max grows). NaN and infinities as in :func:`_row`."""
+    ninf = x.dtype.type(-np.inf)
+    zero = x.dtype.type(0.0)
+    big_m = ninf
+    big_s = zero
+    n = x.shape[0]
+    for j0 in range(0, n, block):
+        xb = x[j0:min(n, j0 + block)]
+        mb = ninf
+        for j in range(xb.shape[0]):
+            mb = maxnum(mb, xb[j])
+        mn = maxnum(big_m, mb)
+        sb = zero
+        if mn == ninf:
+            for j in range(xb.shape[0]):
+                v = xb[j]
+                sb = radd(sb, zero if v == ninf else v)
+            big_s = big_s + sb
+            continue
+        if big_m != mn:
+            big_s = big_s * fexp(big_m - mn)
+            big_m = mn
+        for j in range(xb.shape[0]):
+            sb = radd(sb, fexp(xb[j] - big_m))
+        big_s = big_s + sb
+    return big_m, big_s
+
+
+@njit(parallel=True, **OPTIONS)
+def softmax_split(x, out, log, parts, block):
+    """softmax (``log``: log_softmax) of each row of the 2-D ``x`` with every row cut in ``parts``
+    pieces, so that a few long rows keep every core busy: the pieces' (max, sum) in parallel,
+    combined per row (each sum rescaled to the row's max), then the output pieces in parallel."""
+    rows, n = x.shape
+    step = (n + parts - 1) // parts
+    ms = np.empty((rows, parts), x.dtype)
+    ss = np.empty((rows, parts), x.dtype)
+    for t in prange(rows * parts):
+        r = t // parts
+        k = t % parts
+        j0 = min(n, k * step)
+        j1 = min(n, j0 + step)
+        if j1 > j0:
+            m, sm = _stats(x[r, j0:j1], block)
+        else:
+            m, sm = x.dtype.type(-np.inf), x.dtype.type(0.0)
+        ms[r, k] = m
+        ss[r, k] = sm
+    ninf = x.dtype.type(-np.inf)
+    big_m = np.empty(rows, x.dtype)
+    scale = np.empty(rows, x.dtype)
+    for r in range(rows):
+        m = ninf
+        for k in range(parts):
+            m = maxnum(m, ms[r, k])
+        s = x.dtype.type(0.0)
+        for k in range(parts):
+            mk = ms[r, k]
+            if mk == m or ss[r, k] != ss[r, k]:  # the largest piece (or a NaN sum) as it is
+                s += ss[r, k]
+            elif mk != ninf:
+                s += ss[r, k] * fexp(mk - m)
+        big_m[r] = m
+        scale[r] = x.dtype.type(math.log(s)) if log else x.dtype.type(1.0) / s
+    for t in prange(rows * parts):
+        r = t // parts
+        k = t % parts
+        j0 = min(n, k * step)
+        j1 = min(n, j0 + step)
+        xr = x[r, j0:j1]
+        yr = out[r, j0:j1]
+        m = big_m[r]
+        c = scale[r]
+        if log:
+            for j in range(j1 - j0):
+                yr[j] = (xr[j] - m) - c
+        else:
+            for j in range(j1 - j0):
+                yr[j] = fexp(xr[j] - m) * c
+
+
 @njit(parallel=True, **OPTIONS)
 def softmax_cols(x, out, log, width):
     """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``: per outer index and

@@ -7,7 +7,9 @@
   rows run in parallel and each row is processed while it is in cache (max, exp into the output
   and sum, scale; log_softmax: max, sum of exps, ``x - max - log(sum)``), with a vectorized exp
   (:mod:`._nb_math`); rows longer than :data:`ROW_BLOCK` take an online pass over blocks (running
-  max, rescaled sum) and an output pass. Along a strided axis, blocks of :data:`COL_BLOCK`
+  max, rescaled sum) and an output pass; fewer rows than 4x the threads are cut in pieces of
+  :data:`SPLIT` elements or more, whose (max, sum) are found in parallel, combined, and the
+  output pieces written in parallel. Along a strided axis, blocks of :data:`COL_BLOCK`
   columns run in parallel, each an online pass down the rows and an output pass, vectorized
   across the columns (each row of a block one contiguous run). float16 is computed in float32.
 """
@@ -29,6 +31,8 @@ from .matmul import CPU_BYTES, CPU_FLOPS, F16
 ROW_BLOCK = 1 << 16
 #: columns per parallel task of the strided-axis path (one contiguous run of a row each)
 COL_BLOCK = 256
+#: the least elements of a row piece when fewer rows than 4x the threads are cut in pieces
+SPLIT = 1 << 15
 
 # -inf rows give inf - inf = NaN, as the reference does. errstate as a decorator is the cheapest
 # thread-safe way to keep NumPy quiet about it (half the cost of a `with` block per call).
@@ -72,13 +76,18 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     log = problem.op == "log_softmax"
     f16 = problem.dtype == "float16"
     width = min(inner, COL_BLOCK)
+    threads = jit.threads()
+    # fewer long rows than threads to balance them: each row cut in pieces (of SPLIT elements at least)
+    parts = min(-(-threads * 4 // outer), n // SPLIT) if inner == 1 and outer < 4 * threads else 1
 
     @_quiet
     def launch(x: np.ndarray) -> np.ndarray:
         if f16:
             x = x.astype(np.float32)
         out = buffers.empty((outer, n, inner), x.dtype)
-        if inner == 1:
+        if inner == 1 and parts > 1:
+            jit.call(nb.softmax_split, x.reshape(outer, n), out.reshape(outer, n), log, parts, ROW_BLOCK)
+        elif inner == 1:
             jit.call(nb.softmax_rows, x.reshape(outer, n), out.reshape(outer, n), log, ROW_BLOCK)
         else:
             jit.call(nb.softmax_cols, x.reshape(outer, n, inner), out, log, width)

@@ -116,3 +116,21 @@ def test_numba_layer_norm_one_pass_statistics_with_a_large_mean(offset):
     x64 = x.astype(np.float64)
     ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(1, 300_001), (3, 100_003)])
+def test_numba_softmax_few_long_rows_split_in_pieces(op, shape):
+    """Fewer rows than 4x the threads: each row cut in pieces whose (max, sum) combine."""
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32) * 4
+    x[0, 250_000 % shape[1]] = 60.0  # the max in a late piece: earlier pieces' sums rescale
+    if shape[0] > 1:
+        x[1, :] = -np.inf
+        x[1, 5] = 3.0  # one finite value in a row of -inf
+        x[2, 77] = np.nan
+    with _pinned(op):
+        got = np.asarray(getattr(opr, op)(x, axis=-1), np.float64)
+    ref = opr.ops.OPS[op].reference(x.astype(np.float64), axis=-1)
+    fin = np.isfinite(ref)
+    assert np.array_equal(got[~fin], ref[~fin], equal_nan=True)
+    assert np.linalg.norm(got[fin] - ref[fin]) / np.linalg.norm(ref[fin]) < 1e-5
