@@ -47,8 +47,9 @@ docs-check: docs
 	else echo "no chromium and apt-get unusable: install Debian's chromium, or set CHROMIUM"; exit 2; fi
 	$(BIN)/python scripts/docs_check.py --site build/site
 
-# CI: the docs rendered in headless Chromium (docs-check, about 15 s), and everything but the GPU tests and the slow ones (S = 32768 attention on PoCL and JAX, numba's
-# cross-process cache), which `make test-slow` runs (about 4 minutes more on 2 cores).
+# CI: the docs rendered in headless Chromium (docs-check, about 15 s), and every test but the GPU
+# ones and the slow ones (S = 32768 attention on PoCL and JAX, numba's cross-process cache), which
+# `make test-slow` runs (about 4 minutes more on 2 cores).
 test: $(VENV)/.installed opencl-icd lint compile-cu build/plugin_template docs docs-check
 	$(BIN)/python -m pytest -q -m "not gpu and not slow" -p no:cacheprovider
 
