@@ -246,6 +246,29 @@ def is_direct(problem: Problem) -> bool:
     return problem.shapes[1][1] <= DIRECT_CHANNELS and not is_depthwise(problem)
 
 
+#: below this many flops a numba loop runs in the calling thread alone (a hand-off costs ~30 us)
+SERIAL_FLOPS = 2e6
+
+
+def split(tasks: int, flops: float) -> Any:
+    """``run(loop, *args)``: ``loop(*args, first, last)`` over ``range(tasks)``, one contiguous range
+    per thread (the calling thread takes the first; the loops are nogil), or one call for few
+    flops. The loops are plain ``@njit``, not ``parallel=True`` (see :mod:`._nb_conv`)."""
+    workers = 1 if flops < SERIAL_FLOPS else max(1, min(jit.threads(), tasks))
+    bounds = [tasks * i // workers for i in range(workers + 1)]
+
+    def run(loop: Any, *args: Any) -> None:
+        if workers == 1:
+            loop(*args, 0, tasks)
+            return
+        rest = [_threads().submit(loop, *args, bounds[w], bounds[w + 1]) for w in range(1, workers)]
+        loop(*args, bounds[0], bounds[1])
+        for f in rest:
+            f.result()
+
+    return run
+
+
 def prepare_numba(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.conv2d.numba_depthwise`` / ``numba_direct``."""
     nb = jit.loops("_nb_conv")
@@ -261,6 +284,8 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     dw_path = is_depthwise(problem)
     name = "numpy.conv2d.numba_depthwise" if dw_path else "numpy.conv2d.numba_direct"
     wide = sh == sw == 1  # each specialization compiles on its own first use
+    tasks = problem.out_shape[0] * (problem.shapes[0][1] if dw_path else problem.attrs["groups"])
+    spread = split(tasks, _flops(problem))
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -270,13 +295,13 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         out = np.empty(problem.out_shape, dt)
         g = problem.attrs["groups"]
         if dw_path and wide:
-            jit.call(nb.depthwise_wide, x, w.reshape(o, kh, kw), b, out, dh, dw, pt, pl, hp, wp, fused)
+            spread(nb.depthwise_wide, x, w.reshape(o, kh, kw), b, out, dh, dw, pt, pl, hp, wp, fused)
         elif dw_path:
-            jit.call(nb.depthwise_rows, x, w.reshape(o, kh, kw), b, out, sh, sw, dh, dw, pt, pl, hp, wp, fused)
+            spread(nb.depthwise_rows, x, w.reshape(o, kh, kw), b, out, sh, sw, dh, dw, pt, pl, hp, wp, fused)
         elif wide:
-            jit.call(nb.direct_wide, x, w, b, out, dh, dw, pt, pl, hp, wp, g, fused)
+            spread(nb.direct_wide, x, w, b, out, dh, dw, pt, pl, hp, wp, g, fused)
         else:
-            jit.call(nb.direct_rows, x, w, b, out, sh, sw, dh, dw, pt, pl, hp, wp, g, fused)
+            spread(nb.direct_rows, x, w, b, out, sh, sw, dh, dw, pt, pl, hp, wp, g, fused)
         if code != fused and out.size:
             jit.call(nbe.bias_act_rows, out.reshape(-1, out.shape[-2] * out.shape[-1]), b[:0], code)
         return out.astype(problem.dtype, copy=False)
