@@ -10,9 +10,10 @@ or float64.
   float64; then each row's blocks are combined in float64. Two levels: a float32 block of 4096
   has about 64 additions per lane, and the blocks' sum is float64, so long sums stay well inside
   the float32 tolerance (a sequential float32 sum of 4M elements would not).
-* ``inner > 1`` (:func:`cols`): tasks of ``(outer index, block of WIDTH columns)``; down the
-  ``n`` rows each row's block is one contiguous run added into an accumulator per column
-  (vectorized across the columns) in the input's dtype for ROWS rows, then into float64.
+* ``inner > 1`` (:func:`cols`): tasks of ``(outer index, block of WIDTH columns, run of rows)``;
+  down its rows each row's block is one contiguous run added into an accumulator per column
+  (vectorized across the columns) in the input's dtype for ROWS rows, then into float64; the
+  runs' partials are combined per column at the end.
 
 ``amax`` reduces with ``llvm.maximum`` (:func:`._nb_math.maximum`): vectorized, and NaN as soon
 as one NaN goes by (as torch's amax).
@@ -28,8 +29,8 @@ from ._nb_math import maximum, radd
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 #: elements of a row per task (and per float64 partial)
 BLOCK = 4096
-#: columns per task of the strided path
-WIDTH = 256
+#: columns per task of the strided path (a float32 block of them and its float64 partial stay in L1)
+WIDTH = 1024
 #: rows per partial sum of the strided path (in the input's dtype: 64 float32 additions at most)
 ROWS = 64
 
@@ -77,20 +78,29 @@ def rows(x, out, is_max):
 
 
 @njit(parallel=True, **OPTIONS)
-def cols(x, out, is_max):
+def cols(x, out, is_max, parts):
     """``out[o, c] = sum (or max) of x[o, :, c]`` for the 3-D ``x`` (outer, n, inner); ``out``
-    float64 (outer, inner)."""
+    float64 (outer, inner). Tasks of (outer index, block of WIDTH columns, one of ``parts`` runs
+    of rows): a task reads its rows' blocks one after another (whole rows when ``inner <= WIDTH``:
+    a contiguous stream the prefetchers follow, where a narrow block per row would start a new
+    page every row), into a partial per task; then the partials are combined per column."""
     outer, n, inner = x.shape
     blocks = (inner + WIDTH - 1) // WIDTH
-    for t in prange(outer * blocks):
-        o = t // blocks
-        c0 = (t % blocks) * WIDTH
+    step = (n + parts - 1) // parts
+    part = np.empty((outer, parts, inner), np.float64)
+    for t in prange(outer * blocks * parts):
+        o = t // (blocks * parts)
+        b = (t // parts) % blocks
+        k = t % parts
+        c0 = b * WIDTH
         c1 = min(inner, c0 + WIDTH)
         w = c1 - c0
-        total = out[o, c0:c1]
+        i0 = min(n, k * step)
+        i1 = min(n, i0 + step)
+        total = part[o, k, c0:c1]
         if is_max:
             m = np.full(w, -np.inf, x.dtype)
-            for i in range(n):
+            for i in range(i0, i1):
                 xi = x[o, i, c0:c1]
                 for c in range(w):
                     m[c] = maximum(m[c], xi[c])
@@ -100,12 +110,24 @@ def cols(x, out, is_max):
             for c in range(w):
                 total[c] = 0.0
             acc = np.empty(w, x.dtype)  # in the input's dtype for ROWS rows, then into float64
-            for i0 in range(0, n, ROWS):
+            for r0 in range(i0, i1, ROWS):
                 for c in range(w):
                     acc[c] = 0.0
-                for i in range(i0, min(n, i0 + ROWS)):
+                for i in range(r0, min(i1, r0 + ROWS)):
                     xi = x[o, i, c0:c1]
                     for c in range(w):
                         acc[c] += xi[c]
                 for c in range(w):
                     total[c] += acc[c]
+    for o in range(outer):
+        res = out[o]
+        for c in range(inner):
+            res[c] = part[o, 0, c]
+        for k in range(1, parts):
+            pk = part[o, k]
+            if is_max:
+                for c in range(inner):
+                    res[c] = maximum(res[c], pk[c])
+            else:
+                for c in range(inner):
+                    res[c] += pk[c]

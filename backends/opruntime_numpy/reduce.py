@@ -65,6 +65,9 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     nb = jit.loops("_nb_reduce")
     (outer, n, inner, so, sn, si), perm = reduction_plan(problem)
     is_max = problem.op == "amax"
+    # the strided path: runs of rows per task, so that 4 tasks a thread or more share the rows
+    tasks = outer * -(-inner // nb.WIDTH)
+    parts = max(1, min(n // 64, -(-4 * jit.threads() // tasks)))
     mean = problem.op == "mean"
     dtype = np.dtype(problem.dtype)
     out_shape = problem.out_shape
@@ -86,7 +89,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
             jit.call(nb.rows, view.reshape(outer, n), acc, is_max)
         else:
             acc = np.empty((outer, inner), np.float64)
-            jit.call(nb.cols, view, acc, is_max)
+            jit.call(nb.cols, view, acc, is_max, parts)
         if mean:
             acc /= n
         return acc.astype(dtype).reshape(out_shape)
