@@ -298,17 +298,25 @@ def norm_rows(x, out, w, b, has_w, has_b, rms, eps, onepass):
 # -- batch_norm (inference) -------------------------------------------------------------------------------
 
 @njit(parallel=True, **OPTIONS)
-def channel_affine(x, out, scale, shift):
-    """``out[o, c, :] = x[o, c, :] * scale[c] + shift[c]`` over the 3-D ``x`` (N, C, spatial): one
-    (image, channel) plane per parallel task, one vectorized loop each (batch_norm with its
-    statistics, weight and bias folded into ``scale`` and ``shift``)."""
+def channel_affine(x, out, mean, var, w, b, has_w, has_b, eps):
+    """batch_norm with running statistics over the 3-D ``x`` (N, C, spatial): per channel the
+    statistics, weight and bias folded in float64 into one ``scale`` and ``shift`` (as the NumPy
+    kernel folds them), then ``out = x * scale + shift`` in ``x``'s dtype; one (image, channel)
+    plane per parallel task, one vectorized loop each. Folding here saves the launcher five NumPy
+    calls (about 15 us a call)."""
     outer, ch, inner = x.shape
     for t in prange(outer * ch):
         o = t // ch
         c = t % ch
+        sc = 1.0 / np.sqrt(np.float64(var[c]) + eps)
+        if has_w:
+            sc = sc * np.float64(w[c])
+        sh = -np.float64(mean[c]) * sc
+        if has_b:
+            sh = sh + np.float64(b[c])
+        a = x.dtype.type(sc)
+        d = x.dtype.type(sh)
         xr = x[o, c]
         yr = out[o, c]
-        a = scale[c]
-        b = shift[c]
         for j in range(inner):
-            yr[j] = xr[j] * a + b
+            yr[j] = xr[j] * a + d

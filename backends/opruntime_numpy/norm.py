@@ -160,20 +160,27 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
 
 
 def prepare_batch_norm(problem: Problem, config: Any) -> Any:
-    """The launcher of ``numpy.batch_norm.numba``: scale and shift folded per call (the statistics
-    are operands), then one parallel pass over the (N, C, spatial) planes."""
+    """The launcher of ``numpy.batch_norm.numba``: one parallel pass over the (N, C, spatial)
+    planes, each folding its channel's statistics, weight and bias (operands) first."""
     nb = jit.loops("_nb_rows")
     shape = problem.shapes[0]
     n, c = shape[:2]
     s = math.prod(shape[2:])
     acc = _acc(np.dtype(problem.dtype))
 
+    has_w, has_b = bool(problem.attrs["weight"]), bool(problem.attrs["bias"])
+    absent = np.zeros(1, np.float64)
+    f16 = problem.dtype == "float16"
+
     @_quiet
     def launch(x: np.ndarray, mean: np.ndarray, var: np.ndarray, *vecs: np.ndarray) -> np.ndarray:
-        scale, shift = _fold(problem, mean, var, vecs, acc)
+        w = vecs[0] if has_w else absent
+        b = vecs[-1] if has_b else absent
+        if f16:  # numba takes no float16 arrays
+            mean, var, w, b = (v.astype(np.float32) for v in (mean, var, w, b))
         x3 = x.reshape(n, c, s).astype(acc, copy=False)
         out = buffers.empty((n, c, s), acc)
-        jit.call(nb.channel_affine, x3, out, scale, shift)
+        jit.call(nb.channel_affine, x3, out, mean, var, w, b, has_w, has_b, float(problem.attrs["eps"]))
         return out.reshape(shape).astype(x.dtype, copy=False)
 
     return jit.first_use("numpy.batch_norm.numba", launch)
