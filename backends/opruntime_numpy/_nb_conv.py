@@ -221,6 +221,88 @@ def direct_rows(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, groups, code, f
                 act_row(row_acc, bias[o] if has_bias else x.dtype.type(0.0), code)
 
 
+@njit(**OPTIONS)
+def _gather(row, xc, k, cnt, p0, wo, sh, sw, oy_off, ox_off, h, wd):
+    """``row[k:k + cnt]`` = the input values under output positions ``p0 ..`` (flattened
+    ``oy * wo + ox``) of one (channel, tap): ``xc[oy * sh + oy_off, ox * sw + ox_off]``, zero
+    outside the input (the padding); the in-range columns of each output row found once."""
+    zero = row.dtype.type(0.0)
+    lo_ox = (-ox_off + sw - 1) // sw if ox_off < 0 else 0  # first ox with a column >= 0
+    hi_ox = (wd - 1 - ox_off) // sw + 1 if wd - 1 - ox_off >= 0 else 0  # past the last one < wd
+    p = p0
+    end = k + cnt
+    while k < end:
+        oy = p // wo
+        ox0 = p - oy * wo
+        run = min(wo - ox0, end - k)
+        iy = oy * sh + oy_off
+        if iy < 0 or iy >= h:
+            for q in range(run):
+                row[k + q] = zero
+        else:
+            xr = xc[iy]
+            a = min(max(lo_ox - ox0, 0), run)
+            b = min(max(hi_ox - ox0, a), run)
+            for q in range(a):
+                row[k + q] = zero
+            start = (ox0 + a) * sw + ox_off
+            if sw == 1:
+                src = xr[start:start + b - a]
+                for q in range(b - a):
+                    row[k + a + q] = src[q]
+            else:
+                for q in range(b - a):
+                    row[k + a + q] = xr[start + q * sw]
+            for q in range(b, run):
+                row[k + q] = zero
+        k += run
+        p += run
+
+
+@njit(**OPTIONS)
+def im2col_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code, first, last):
+    """conv2d as GEMMs on blocks of output positions, everything for a block in cache: ``x``
+    (N, C, H, W) any strides, ``w2`` (O, C/g * kh * kw) C-contiguous, ``out`` (N, O, Ho, Wo)
+    C-contiguous. A task is (image, group, block of ``nb`` output positions): its columns
+    (C/g * kh * kw, nb) gathered from the input (zeros for the padding, no padded copy), one
+    ``np.dot`` (BLAS, in this thread) with the group's weights, then each output channel's run
+    of the block written with the bias and activation (:data:`FUSED`). Tasks ``first:last``."""
+    n_img, _, h, wd = x.shape
+    o_out, kk = w2.shape
+    cg = kk // (kh * kw)
+    og = o_out // groups
+    ho, wo = out.shape[2], out.shape[3]
+    hw = ho * wo
+    nblk = (hw + nb - 1) // nb
+    has_bias = bias.shape[0] > 0
+    dt = out.dtype
+    cfull = np.empty((kk, min(nb, hw)), dt)
+    tfull = np.empty((og, min(nb, hw)), dt)
+    flat = out.reshape((n_img, o_out, hw))
+    for t in range(first, last):
+        n = t // (groups * nblk)
+        r = t - n * groups * nblk
+        g = r // nblk
+        b0 = (r - g * nblk) * nb
+        cnt = min(nb, hw - b0)
+        full = cnt == cfull.shape[1]
+        cols = cfull if full else np.empty((kk, cnt), dt)
+        tmp = tfull if full else np.empty((og, cnt), dt)
+        for c in range(cg):
+            xc = x[n, g * cg + c]
+            for i in range(kh):
+                for j in range(kw):
+                    _gather(cols[(c * kh + i) * kw + j], xc, 0, cnt, b0, wo, sh, sw, i * dh - pt, j * dw - pl, h, wd)
+        np.dot(w2[g * og:(g + 1) * og], cols, tmp)
+        for oo in range(og):
+            o = g * og + oo
+            dst = flat[n, o, b0:b0 + cnt]
+            src = tmp[oo]
+            for k in range(cnt):
+                dst[k] = src[k]
+            act_row(dst, bias[o] if has_bias else dt.type(0.0), code)
+
+
 @njit(parallel=True, **OPTIONS)
 def pool(x, out, div, kh, kw, sh, sw, dh, dw, ph, pw, hp, wp, is_max):
     """max (``is_max``; NaN propagates, as torch) or avg pooling (sums divided by the ``div``
