@@ -57,6 +57,10 @@ def rows(x, out, is_max):
     """``out[o] = sum (or max) of x[o]`` for the 2-D ``x`` (outer, n); ``out`` float64 (outer,)."""
     outer, n = x.shape
     blocks = (n + BLOCK - 1) // BLOCK
+    if blocks == 1:  # rows of one block: straight into out (no partials, no serial combine)
+        for o in prange(outer):
+            out[o] = _block_max(x[o]) if is_max else _block_sum(x[o])
+        return
     part = np.empty((outer, blocks), np.float64)
     for t in prange(outer * blocks):
         o = t // blocks
