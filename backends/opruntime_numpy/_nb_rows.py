@@ -188,25 +188,34 @@ def softmax_split(x, out, log, parts, block):
 
 
 @njit(parallel=True, **OPTIONS)
-def softmax_cols(x, out, log, width):
-    """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``: per outer index and
-    block of ``width`` columns, one online pass down the rows (running max and rescaled sum per
-    column, vectorized across the columns: each row of the block is one contiguous run) and one
-    output pass. A column of -inf keeps a zero sum (and gives NaN, as the reference), +inf and NaN
-    give NaN sums."""
+def softmax_cols(x, out, log, width, parts):
+    """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``. Tasks of (outer
+    index, block of ``width`` columns, one of ``parts`` runs of rows): each task streams its rows'
+    blocks (whole rows when ``inner <= width``, which the prefetchers follow; a narrow block per
+    row started a new page every row) in one online pass (running max and rescaled sum per column,
+    vectorized across the columns, branch-free); the runs' (max, sum) are combined per column (each
+    sum rescaled to the column's max); then the output in the same tasks. A column of -inf keeps
+    a zero sum (and gives NaN, as the reference), +inf and NaN give NaN sums."""
     outer, n, inner = x.shape
     blocks = (inner + width - 1) // width
+    step = (n + parts - 1) // parts
     ninf = x.dtype.type(-np.inf)
     zero = x.dtype.type(0.0)
     one = x.dtype.type(1.0)
-    for t in prange(outer * blocks):
-        o = t // blocks
-        c0 = (t % blocks) * width
+    ms = np.empty((outer, parts, inner), x.dtype)
+    ss = np.empty((outer, parts, inner), x.dtype)
+    for t in prange(outer * blocks * parts):
+        o = t // (blocks * parts)
+        c0 = ((t // parts) % blocks) * width
+        k = t % parts
         c1 = min(inner, c0 + width)
         w = c1 - c0
-        m = np.full(w, ninf, x.dtype)
-        s = np.zeros(w, x.dtype)
-        for i in range(n):
+        m = ms[o, k, c0:c1]
+        s = ss[o, k, c0:c1]
+        for c in range(w):
+            m[c] = ninf
+            s[c] = zero
+        for i in range(min(n, k * step), min(n, k * step + step)):
             xi = x[o, i, c0:c1]  # a 1-D slice of a row: contiguous, vectorized
             for c in range(w):
                 v = xi[c]
@@ -218,22 +227,49 @@ def softmax_cols(x, out, log, width):
                 p = zero if v == ninf else p
                 s[c] = s[c] * alpha + p
                 m[c] = mn
+    big_m = np.empty((outer, inner), x.dtype)
+    scale = np.empty((outer, inner), x.dtype)
+    for o in range(outer):
+        bm = big_m[o]
+        sc = scale[o]
+        for c in range(inner):
+            bm[c] = ms[o, 0, c]
+        for k in range(1, parts):
+            mk = ms[o, k]
+            for c in range(inner):
+                bm[c] = maxnum(bm[c], mk[c])
+        for c in range(inner):
+            sc[c] = zero
+        for k in range(parts):
+            mk = ms[o, k]
+            sk = ss[o, k]
+            for c in range(inner):
+                a = fexp(mk[c] - bm[c])
+                a = one if mk[c] == bm[c] else a  # -inf == -inf, +inf == +inf: the sum as it is
+                sc[c] += sk[c] * a
         if log:
-            for c in range(w):
-                s[c] = x.dtype.type(math.log(s[c]))
-            for i in range(n):
-                xi = x[o, i, c0:c1]  # a 1-D slice of a row: contiguous, vectorized
-                oi = out[o, i, c0:c1]
-                for c in range(w):
-                    oi[c] = (xi[c] - m[c]) - s[c]
+            for c in range(inner):
+                sc[c] = x.dtype.type(math.log(sc[c]))
         else:
-            for c in range(w):
-                s[c] = one / s[c]
-            for i in range(n):
-                xi = x[o, i, c0:c1]  # a 1-D slice of a row: contiguous, vectorized
-                oi = out[o, i, c0:c1]
+            for c in range(inner):
+                sc[c] = one / sc[c]
+    for t in prange(outer * blocks * parts):
+        o = t // (blocks * parts)
+        c0 = ((t // parts) % blocks) * width
+        k = t % parts
+        c1 = min(inner, c0 + width)
+        w = c1 - c0
+        m = big_m[o, c0:c1]
+        sc = scale[o, c0:c1]
+        for i in range(min(n, k * step), min(n, k * step + step)):
+            xi = x[o, i, c0:c1]
+            oi = out[o, i, c0:c1]
+            if log:
                 for c in range(w):
-                    oi[c] = fexp(xi[c] - m[c]) * s[c]
+                    oi[c] = (xi[c] - m[c]) - sc[c]
+            else:
+                for c in range(w):
+                    oi[c] = fexp(xi[c] - m[c]) * sc[c]
 
 
 # -- layer_norm / rms_norm ------------------------------------------------------------------------------

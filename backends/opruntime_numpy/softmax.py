@@ -9,9 +9,11 @@
   (:mod:`._nb_math`); rows longer than :data:`ROW_BLOCK` take an online pass over blocks (running
   max, rescaled sum) and an output pass; fewer rows than 4x the threads are cut in pieces of
   :data:`SPLIT` elements or more, whose (max, sum) are found in parallel, combined, and the
-  output pieces written in parallel. Along a strided axis, blocks of :data:`COL_BLOCK`
-  columns run in parallel, each an online pass down the rows and an output pass, vectorized
-  across the columns (each row of a block one contiguous run). float16 is computed in float32.
+  output pieces written in parallel. Along a strided axis, tasks of (block of :data:`COL_BLOCK`
+  columns, run of rows) run in parallel, each an online pass down its rows (vectorized across
+  the columns, each row of a block one contiguous run: whole rows up to COL_BLOCK, a stream the
+  prefetchers follow), the runs' max and sum combined per column, then an output pass in the
+  same tasks. float16 is computed in float32.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .matmul import CPU_BYTES, CPU_FLOPS, F16
 #: it (two exps an element instead of one)
 ROW_BLOCK = 1 << 16
 #: columns per parallel task of the strided-axis path (one contiguous run of a row each)
-COL_BLOCK = 256
+COL_BLOCK = 1024
 #: the least elements of a row piece when fewer rows than 4x the threads are cut in pieces
 SPLIT = 1 << 15
 
@@ -76,6 +78,8 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     log = problem.op == "log_softmax"
     f16 = problem.dtype == "float16"
     width = min(inner, COL_BLOCK)
+    # the strided path: runs of rows per task, so that there are 4 tasks a thread or more
+    col_parts = max(1, min(n // 16, -(-4 * jit.threads() // (outer * -(-inner // width)))))
     threads = jit.threads()
     # fewer long rows than threads to balance them: each row cut in pieces (of SPLIT elements at least)
     parts = min(-(-threads * 4 // outer), n // SPLIT) if inner == 1 and outer < 4 * threads else 1
@@ -90,7 +94,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         elif inner == 1:
             jit.call(nb.softmax_rows, x.reshape(outer, n), out.reshape(outer, n), log, ROW_BLOCK)
         else:
-            jit.call(nb.softmax_cols, x.reshape(outer, n, inner), out, log, width)
+            jit.call(nb.softmax_cols, x.reshape(outer, n, inner), out, log, width, col_parts)
         out = out.reshape(shape)
         return out.astype(np.float16) if f16 else out
 

@@ -134,3 +134,22 @@ def test_numba_softmax_few_long_rows_split_in_pieces(op, shape):
     fin = np.isfinite(ref)
     assert np.array_equal(got[~fin], ref[~fin], equal_nan=True)
     assert np.linalg.norm(got[fin] - ref[fin]) / np.linalg.norm(ref[fin]) < 1e-5
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_numba_softmax_strided_axis_runs_of_rows(op):
+    """Along axis 0 the rows are cut in runs whose per-column (max, sum) combine: specials in
+    late runs, a column of -inf, one with a lone finite value, NaN and +inf."""
+    x = np.random.default_rng(6).standard_normal((4000, 37)).astype(np.float32) * 4
+    x[3900, 0] = 50.0  # the column's max in the last run
+    x[:, 1] = -np.inf
+    x[:, 2] = -np.inf
+    x[2500, 2] = 1.0
+    x[1234, 3] = np.nan
+    x[3999, 4] = np.inf
+    with _pinned(op):
+        got = np.asarray(getattr(opr, op)(x, axis=0), np.float64)
+    ref = opr.ops.OPS[op].reference(x.astype(np.float64), axis=0)
+    fin = np.isfinite(ref)
+    assert np.array_equal(got[~fin], ref[~fin], equal_nan=True)
+    assert np.linalg.norm(got[fin] - ref[fin]) / np.linalg.norm(ref[fin]) < 1e-5
