@@ -2,15 +2,21 @@
 numba's disk cache first): functions the loops call per element, written so that LLVM
 vectorizes the loops around them.
 
-numba calls libm for ``math.exp`` and ``math.erfc``, one element at a time (this machine's numba
-has no SVML), and it vectorizes no floating-point reduction unless the whole function is
-compiled with fast-math, whose ``nnan`` / ``ninf`` flags would break the NaN and infinity
-semantics the conformance suite checks. So instead:
+numba calls libm for ``math.exp`` and ``math.erfc``, one element at a time: numba uses SVML only
+with an llvmlite built with Intel's SVML patch, and PyPI's llvmlite is not (``llvmlite.binding.
+has_svml`` is False; installing ``intel-cmplr-lib-rt``, which ships ``libsvml.so``, changes
+nothing). It vectorizes no floating-point reduction unless the whole function is compiled with
+fast-math, whose ``nnan`` / ``ninf`` flags would break the NaN and infinity semantics the
+conformance suite checks. So instead:
 
-* :func:`exp` is Cephes' ``expf`` / ``exp`` (a Cody-Waite reduction and a minimax polynomial,
-  resp. a Padé form) with the power of two built from its bits: branch-free, vectorizable, within
-  2 ulp in float32 and 1 ulp in float64, exact at 0 (``exp(0) == 1``), with IEEE results at the
-  edges (``exp(-inf) == 0``, overflow to ``inf``, subnormal results, NaN kept).
+* :func:`exp32` / :func:`exp64` are Cephes' ``expf`` / ``exp`` (a Cody-Waite reduction and a
+  minimax polynomial, resp. a Padé form) with the power of two built from its bits: branch-free,
+  vectorizable, within 2 ulp in float32 and 1 ulp in float64, exact at 0 (``exp(0) == 1``), with
+  IEEE results at the edges (``exp(-inf) == 0``, overflow to ``inf``, subnormal results, NaN
+  kept). :func:`exp32_fast` does half the work for the activations and softmax (rounding by a
+  magic sum, a degree-5 fit, one power of two; results below float32's normal range flush to 0).
+* :func:`tanh32` and :func:`erf32` are rational fits (one division, no exp); gelu's float32
+  ``erf`` has torch's absolute accuracy (see its docstring for what that means in the tail).
 * :func:`radd` is an addition that alone carries LLVM's ``reassoc`` flag: a sum accumulated with
   it is vectorized (partial sums per lane), nothing else in the function may be reordered.
 * :func:`maxnum` is ``llvm.maxnum`` (the larger of two, ignoring a NaN operand), which LLVM
