@@ -11,8 +11,8 @@ copied per group. float16 is computed in float32; float32 and float64 in their o
 With numba (:mod:`.jit`), ``numpy.scaled_dot_product_attention.numba`` is flash attention with
 the products by BLAS (:mod:`._nb_attention`): per task (batch, head, pair of query blocks), tiles
 of :data:`NUMBA_CONFIGS` query rows x keys, scores and ``p @ v`` as ``np.dot`` calls on contiguous
-blocks and the online softmax in compiled loops between them. The tasks are split into one range
-per thread, each range one call of the nogil loop on Python threads, scipy's BLAS held to one
+blocks and the online softmax in compiled loops between them. The tasks are cut into pieces that
+Python threads take in turn, each piece one call of the nogil loop, scipy's BLAS held to one
 thread meanwhile (:mod:`._blas`). Measured on this 2-core machine (causal, float32): 1x4x512x64
 1.2 ms (torch 1.2-1.4), 2x12x1024x64 22 ms (torch 21-22), 1x12x2048x64 39 ms (torch 32); the
 NumPy kernel 78 ms on the second. It is chosen from decode steps to long sequences.
@@ -128,13 +128,14 @@ def _tasks(problem: Problem, qblock: int) -> int:
 
 def prepare_numba(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.scaled_dot_product_attention.numba``: q, k, v made C-contiguous (a
-    copy only for views: O(S x E) against the O(L x S x E) work), the tasks split into one range
-    per thread, each range one call of the nogil loop (scipy's BLAS held to one thread meanwhile,
-    :mod:`._blas`); one range in the calling thread where that is not possible or not worth it."""
+    copy only for views: O(S x E) against the O(L x S x E) work), the tasks cut into contiguous
+    pieces that the calling thread and the pool's threads take in turn (:func:`.conv.split`), each
+    piece one call of the nogil loop, scipy's BLAS held to one thread meanwhile (:mod:`._blas`);
+    one call in the calling thread where that is not possible or not worth it."""
     from opruntime.ops import OPS
 
     from . import _blas
-    from .conv import _threads
+    from .conv import split
 
     nb = jit.loops("_nb_attention")
     cfg = config or NUMBA_CONFIGS[0]
@@ -144,11 +145,8 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     scale, causal = acc_t.type(problem.attrs["scale"]), problem.attrs["causal"]
     absent = np.zeros((1, 1, 1, 1), acc_t)
     tasks = _tasks(problem, qblock)
-    workers = max(1, min(jit.threads(), tasks))
-    if workers > 1 and (OPS["scaled_dot_product_attention"].flops(problem) < NUMBA_SERIAL_FLOPS
-                        or not _blas.controllable()):
-        workers = 1
-    bounds = [tasks * i // workers for i in range(workers + 1)]
+    flops = OPS["scaled_dot_product_attention"].flops(problem)
+    spread = split(tasks, flops if flops >= NUMBA_SERIAL_FLOPS and _blas.controllable() else 0.0)
 
     @np.errstate(invalid="ignore", over="ignore", divide="ignore")
     def launch(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -158,15 +156,8 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         else:
             mask = np.ascontiguousarray(mask, None if mask.dtype == np.bool_ else acc_t)
         out = np.empty(problem.out_shape, acc_t)
-        args = (q, k, v, mask, out, scale, causal, kind, qblock, kblock)
-        if workers == 1:
-            nb.flash(*args, 0, tasks)
-        else:
-            with _blas.one_thread():
-                rest = [_threads().submit(nb.flash, *args, bounds[w], bounds[w + 1]) for w in range(1, workers)]
-                nb.flash(*args, bounds[0], bounds[1])
-                for f in rest:
-                    f.result()
+        with _blas.one_thread():
+            spread(nb.flash, q, k, v, mask, out, scale, causal, kind, qblock, kblock)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use("numpy.scaled_dot_product_attention.numba", launch)

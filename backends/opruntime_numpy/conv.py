@@ -22,6 +22,7 @@ choose per shape.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -286,19 +287,33 @@ def is_direct(problem: Problem) -> bool:
 SERIAL_FLOPS = 2e6
 
 
+#: pieces per thread that :func:`split` cuts a range of tasks into
+PIECES_PER_THREAD = 3
+
+
 def split(tasks: int, flops: float) -> Any:
-    """``run(loop, *args)``: ``loop(*args, first, last)`` over ``range(tasks)``, one contiguous range
-    per thread (the calling thread takes the first; the loops are nogil), or one call for few
-    flops. The loops are plain ``@njit``, not ``parallel=True`` (see :mod:`._nb_conv`)."""
+    """``run(loop, *args)``: ``loop(*args, first, last)`` over ``range(tasks)`` cut into
+    :data:`PIECES_PER_THREAD` contiguous pieces per thread, which the calling thread and the pool's
+    threads take in turn until none is left (the loops are nogil), or one call for few flops. A
+    thread that starts late (its core busy with another pool's spinning threads) takes fewer
+    pieces instead of holding the call up. The loops are plain ``@njit``, not ``parallel=True``
+    (see :mod:`._nb_conv`)."""
     workers = 1 if flops < SERIAL_FLOPS else max(1, min(jit.threads(), tasks))
-    bounds = [tasks * i // workers for i in range(workers + 1)]
+    pieces = min(tasks, workers * PIECES_PER_THREAD)
+    bounds = [tasks * i // max(1, pieces) for i in range(pieces + 1)]
 
     def run(loop: Any, *args: Any) -> None:
         if workers == 1:
             loop(*args, 0, tasks)
             return
-        rest = [_threads().submit(loop, *args, bounds[w], bounds[w + 1]) for w in range(1, workers)]
-        loop(*args, bounds[0], bounds[1])
+        counter = itertools.count()  # next() on it is atomic under the GIL
+
+        def take() -> None:
+            while (i := next(counter)) < pieces:
+                loop(*args, bounds[i], bounds[i + 1])
+
+        rest = [_threads().submit(take) for _ in range(1, workers)]
+        take()
         for f in rest:
             f.result()
 
