@@ -16,7 +16,7 @@ from typing import Any
 
 from opruntime.kernels import Kernel, Problem
 
-from .compile import JitKernel, device_cost, io_bytes, matmul_precision, platform
+from .compile import JitKernel, device_cost, io_bytes, matmul_precision
 from .epilogue import activate
 from .matmul import FLOATS
 
@@ -30,11 +30,10 @@ def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
     pt, pb, pl, pr = at["padding"]
     precision, act = matmul_precision(problem.dtype), at.get("activation")
 
-    # XLA's float64 convolution on the CPU, and every GPU convolution (cuDNN's; seen on an H100 in
-    # float32 and float64), skip the padded taps: an inf weight there gives a finite value where the
-    # reference has 0 * inf = NaN. Those pad explicitly, then convolve with no padding (one more pass
-    # over the input); the CPU's other dtypes pad inside the convolution.
-    explicit = any(at["padding"]) and (problem.dtype == "float64" or platform(problem) == "gpu")
+    # XLA's float64 convolution on the CPU skips the padded taps (an inf weight there gives a finite
+    # value where the float64 reference has 0 * inf = NaN): float64 pads explicitly, then convolves
+    # with no padding; the other dtypes pad inside the convolution (no extra pass over the input).
+    explicit = problem.dtype == "float64" and any(at["padding"])
     padding = ((0, 0), (0, 0)) if explicit else ((pt, pb), (pl, pr))
 
     def conv(x: Any, w: Any, bias: Any = None) -> Any:
