@@ -113,7 +113,7 @@ def kernels() -> list[Kernel]:
     ]
     if jit.available():
         src = jit.source("_nb_reduce")
-        out += [Kernel(op, f"numpy.{op}.numba", "cpu", ("float32", "float64"), prepare=prepare_numba, cost=numba_cost,
+        out += [Kernel(op, f"numpy.{op}.numba", "cpu", frozenset({"float32", "float64"}), prepare=prepare_numba, cost=numba_cost,
                        source=src, notes=jit.notes(f"numpy.{op}.numba"))
                 for op in ("sum", "mean", "amax")]
     return out

@@ -214,7 +214,7 @@ LONG = (1, 8, 32768, 128)
 def test_long_sequence_goes_to_the_blocked_kernel():
     """S = 32768: the XLA kernel would hold 32 GiB of scores, Pallas is interpreted on the CPU."""
     p = _problem("jax:cpu:0", (LONG, LONG, LONG), "float32", is_causal=True)
-    status = {k.name: k.supports(p) for k in registry().kernels_for(OP, "jax")}
+    status = {k.name: bool(k.supports(p)) for k in registry().kernels_for(OP, "jax")}
     assert status == {f"jax.{OP}.xla": False, f"jax.{OP}.blocked": True, f"jax.{OP}.pallas": False}
     bq, bk = attention.blocked_blocks(p, attention.blocked_configs(p)[0])
     assert bq * bk * LONG[1] * 4 <= 8 << 20  # one step's scores: a few MB, not L x S
