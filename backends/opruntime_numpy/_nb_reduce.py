@@ -6,14 +6,13 @@ or float64.
 
 * ``inner == 1`` (:func:`rows`): tasks of ``(row, block of BLOCK elements)`` run in parallel, so a
   few long rows (a sum over everything) use every core as many short ones do; each block is one
-  vectorized loop (a sum with :func:`._nb_math.radd`: partial sums per lane), its result kept in
-  float64; then each row's blocks are combined in float64. Two levels: a float32 block of 4096
-  has about 64 additions per lane, and the blocks' sum is float64, so long sums stay well inside
-  the float32 tolerance (a sequential float32 sum of 4M elements would not).
+  vectorized loop (a sum with :func:`._nb_math.radd`: partial sums per lane) in float64; then
+  each row's blocks are combined in float64. float64 throughout: a float32 accumulator's error is
+  relative to the sum of the magnitudes, so a sum or mean near zero (20001 random normals) lost
+  2e-5 of its own value, past the float32 tolerance.
 * ``inner > 1`` (:func:`cols`): tasks of ``(outer index, block of WIDTH columns, run of rows)``;
-  down its rows each row's block is one contiguous run added into an accumulator per column
-  (vectorized across the columns) in the input's dtype for ROWS rows, then into float64; the
-  runs' partials are combined per column at the end.
+  down its rows each row's block is one contiguous run added into a float64 accumulator per
+  column (vectorized across the columns); the runs' partials are combined per column at the end.
 
 ``amax`` reduces with ``llvm.maximum`` (:func:`._nb_math.maximum`): vectorized, and NaN as soon
 as one NaN goes by (as torch's amax).
@@ -29,18 +28,18 @@ from ._nb_math import maximum, radd
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 #: elements of a row per task (and per float64 partial)
 BLOCK = 4096
-#: columns per task of the strided path (a float32 block of them and its float64 partial stay in L1)
+#: columns per task of the strided path (a block of them and its float64 partial stay in L1)
 WIDTH = 1024
-#: rows per partial sum of the strided path (in the input's dtype: 64 float32 additions at most)
-ROWS = 64
 
 
 @njit(**OPTIONS)
 def _block_sum(v):
-    s = v.dtype.type(0.0)
+    """The sum of ``v`` in float64: a float32 accumulator's error is relative to the sum of the
+    magnitudes, which a mean near zero turned into 2e-5 of its own value (over 20001 elements)."""
+    s = 0.0
     for j in range(v.shape[0]):
-        s = radd(s, v[j])
-    return np.float64(s)
+        s = radd(s, np.float64(v[j]))
+    return s
 
 
 @njit(**OPTIONS)
@@ -113,16 +112,10 @@ def cols(x, out, is_max, parts):
         else:
             for c in range(w):
                 total[c] = 0.0
-            acc = np.empty(w, x.dtype)  # in the input's dtype for ROWS rows, then into float64
-            for r0 in range(i0, i1, ROWS):
+            for i in range(i0, i1):  # in float64, as the rows' blocks (a sum near zero keeps its digits)
+                xi = x[o, i, c0:c1]
                 for c in range(w):
-                    acc[c] = 0.0
-                for i in range(r0, min(i1, r0 + ROWS)):
-                    xi = x[o, i, c0:c1]
-                    for c in range(w):
-                        acc[c] += xi[c]
-                for c in range(w):
-                    total[c] += acc[c]
+                    total[c] += np.float64(xi[c])
     for o in range(outer):
         res = out[o]
         for c in range(inner):
