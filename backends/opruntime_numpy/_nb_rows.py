@@ -37,12 +37,43 @@ def _fexp(x):
 # -- softmax / log_softmax ----------------------------------------------------------------------------
 
 @njit(error_model="numpy")
+def _stats(x, block):
+    """(max, sum of exp(x - max)) of the 1-D ``x``: one online pass over blocks of ``block``
+    (a block's max, then its exps against the running max, the running sum rescaled when the
+    max grows). NaN and infinities as in :func:`_row`."""
+    ninf = x.dtype.type(-np.inf)
+    zero = x.dtype.type(0.0)
+    big_m = ninf
+    big_s = zero
+    n = x.shape[0]
+    for j0 in range(0, n, block):
+        xb = x[j0:min(n, j0 + block)]  # a slice: loops from 0 vectorize (no negative-index checks)
+        mb = ninf
+        for j in range(xb.shape[0]):
+            mb = maxnum(mb, xb[j])
+        mn = maxnum(big_m, mb)
+        sb = zero
+        if mn == ninf:
+            for j in range(xb.shape[0]):
+                v = xb[j]
+                sb = radd(sb, zero if v == ninf else v)
+            big_s = big_s + sb
+            continue
+        if big_m != mn:
+            big_s = big_s * fexp(big_m - mn)
+            big_m = mn
+        for j in range(xb.shape[0]):
+            sb = radd(sb, fexp(xb[j] - big_m))
+        big_s = big_s + sb
+    return big_m, big_s
+
+
+@njit(error_model="numpy")
 def _row(x, out, log, block):
     """One row: in cache (up to ``block`` elements) three passes (max; exp into ``out`` and sum;
     scale), else an online pass over blocks (running max and rescaled sum, each element's exp
     once) and an output pass. NaN, +inf and rows of -inf give what the float64 reference gives."""
     n = x.shape[0]
-    ninf = x.dtype.type(-np.inf)
     zero = x.dtype.type(0.0)
     if n <= block:
         m = x[0]
@@ -66,27 +97,7 @@ def _row(x, out, log, block):
             for j in range(n):
                 out[j] = out[j] * inv
         return
-    big_m = ninf
-    big_s = zero
-    for j0 in range(0, n, block):
-        xb = x[j0:min(n, j0 + block)]  # a slice: loops from 0 vectorize (no negative-index checks)
-        mb = ninf
-        for j in range(xb.shape[0]):
-            mb = maxnum(mb, xb[j])
-        mn = maxnum(big_m, mb)
-        sb = zero
-        if mn == ninf:  # every value so far -inf (contributes 0) or NaN (kept)
-            for j in range(xb.shape[0]):
-                v = xb[j]
-                sb = radd(sb, zero if v == ninf else v)
-            big_s = big_s + sb
-            continue
-        if big_m != mn:
-            big_s = big_s * fexp(big_m - mn)
-            big_m = mn
-        for j in range(xb.shape[0]):
-            sb = radd(sb, fexp(xb[j] - big_m))
-        big_s = big_s + sb
+    big_m, big_s = _stats(x, block)  # the online pass over blocks
     if log:
         ls = x.dtype.type(math.log(big_s))
         for j in range(n):
@@ -102,38 +113,6 @@ def softmax_rows(x, out, log, block):
     """softmax (``log``: log_softmax) of each row of the 2-D ``x`` into ``out``."""
     for r in prange(x.shape[0]):
         _row(x[r], out[r], log, block)
-
-
-@njit(error_model="numpy")
-def _stats(x, block):
-    """(max, sum of exp(x - max)) of the 1-D ``x``: one online pass over blocks of ``block``
-    (a block's max, then its exps against the running max, the running sum rescaled when the
-    max grows). NaN and infinities as in :func:`_row`."""
-    ninf = x.dtype.type(-np.inf)
-    zero = x.dtype.type(0.0)
-    big_m = ninf
-    big_s = zero
-    n = x.shape[0]
-    for j0 in range(0, n, block):
-        xb = x[j0:min(n, j0 + block)]
-        mb = ninf
-        for j in range(xb.shape[0]):
-            mb = maxnum(mb, xb[j])
-        mn = maxnum(big_m, mb)
-        sb = zero
-        if mn == ninf:
-            for j in range(xb.shape[0]):
-                v = xb[j]
-                sb = radd(sb, zero if v == ninf else v)
-            big_s = big_s + sb
-            continue
-        if big_m != mn:
-            big_s = big_s * fexp(big_m - mn)
-            big_m = mn
-        for j in range(xb.shape[0]):
-            sb = radd(sb, fexp(xb[j] - big_m))
-        big_s = big_s + sb
-    return big_m, big_s
 
 
 @njit(parallel=True, **OPTIONS)
