@@ -10,8 +10,11 @@ registers (mean first, then the centred sum of squares), fp32 accumulation for f
 * ``loop``: a block per row of any length, the row read three times (the last two mostly from
   L2): for rows too long for registers.
 
-batch_norm folds the running statistics, weight and bias into one scale and shift per channel
-(computed per thread in the kernel, from the four vectors in L1) and applies one FMA per element:
+batch_norm folds the running variance and the weight into one scale per channel (computed per
+thread in the kernel, from the four vectors in L1) and computes ``(x - mean) * scale + bias``,
+the centring first in the accumulation type (fp32 for fp16 / bf16 / fp32, fp64 for fp64): a
+subtraction and one FMA per element. Folding the mean into the bias (``x * scale + shift``) would
+lose an ulp of ``|mean * scale|`` where the output is near zero.
 
 * ``planes``: a 2-D grid over (chunks of one (n, c) plane, planes), 128-bit access along the
   plane; for planes of a few hundred elements and more.
