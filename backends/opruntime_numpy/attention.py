@@ -26,7 +26,7 @@ import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, roofline
 
-from . import jit
+from . import buffers, jit
 from .matmul import CPU_BYTES, CPU_FLOPS
 
 #: score elements (across the heads) of one (query block, key block) step: a few MB in cache
@@ -127,8 +127,10 @@ def _tasks(problem: Problem, qblock: int) -> int:
 
 
 def prepare_numba(problem: Problem, config: Any) -> Any:
-    """The launcher of ``numpy.scaled_dot_product_attention.numba``: q, k, v made C-contiguous (a
-    copy only for views: O(S x E) against the O(L x S x E) work), the tasks cut into contiguous
+    """The launcher of ``numpy.scaled_dot_product_attention.numba``: q, k, v as they come (the loop
+    copies each head's rows into blocks of its own: three whole copies of the strided q, k, v of a
+    GPT-2 block cost 32-40 ms here), the output a (B, L, H, Ev) array returned as its (B, H, L, Ev)
+    view (as torch's: the heads joined after by a view, not a 25 MB copy), the tasks cut into contiguous
     pieces that the calling thread and the pool's threads take in turn (:func:`.conv.split`), each
     piece one call of the nogil loop, scipy's BLAS held to one thread meanwhile (:mod:`._blas`);
     one call in the calling thread where that is not possible or not worth it."""
@@ -144,18 +146,20 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     kind = {None: 0, "bool": 1, "float": 2}[problem.attrs["mask"]]
     scale, causal = acc_t.type(problem.attrs["scale"]), problem.attrs["causal"]
     absent = np.zeros((1, 1, 1, 1), acc_t)
+    B, H, L, Ev = problem.out_shape
+    blhe = (B, L, H, Ev)
     tasks = _tasks(problem, qblock)
     flops = OPS["scaled_dot_product_attention"].flops(problem)
     spread = split(tasks, flops if flops >= NUMBA_SERIAL_FLOPS and _blas.controllable() else 0.0)
 
     @np.errstate(invalid="ignore", over="ignore", divide="ignore")
     def launch(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        q, k, v = (np.ascontiguousarray(a, acc_t) for a in (q, k, v))
+        q, k, v = (a.astype(acc_t, copy=False) for a in (q, k, v))
         if mask is None:
             mask = absent
         else:
             mask = np.ascontiguousarray(mask, None if mask.dtype == np.bool_ else acc_t)
-        out = np.empty(problem.out_shape, acc_t)
+        out = buffers.empty(blhe, acc_t).transpose(0, 2, 1, 3)  # (B, H, L, Ev) seen in (B, L, H, Ev) memory
         with _blas.one_thread():
             spread(nb.flash, q, k, v, mask, out, scale, causal, kind, qblock, kblock)
         return out.astype(problem.dtype, copy=False)

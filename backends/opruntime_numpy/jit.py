@@ -24,6 +24,18 @@ why, the device's ``info()`` shows it (``opruntime info``) and only the NumPy ke
 ``prange`` on numba's threading layer. numba's fallback layer, ``workqueue``, must not be
 entered by two threads at once, so while it is the layer in use the launchers take a lock
 (:func:`call`); OpenMP and TBB need none.
+
+**BLAS threads that spin.** The kernels' GEMMs go to scipy's OpenBLAS (numba's ``np.dot``, the
+linear's ``sgemm``), whose worker threads spin for 2**28 cycles (about 0.1 s) after each call
+before they sleep: on a machine of few cores the next kernel's threads (numba's, the launchers')
+share the cores with them for that long (a GPT-2 block's attention right after its qkv GEMM took
+115-145 ms instead of 87 here). OpenBLAS reads its spin time (``OPENBLAS_THREAD_TIMEOUT``, in
+powers of 2 cycles) only when it starts its threads, as the library loads; so before the first
+loop module, :func:`_short_blas_spin` loads scipy's OpenBLAS itself with :data:`BLAS_SPIN` (2**20
+cycles: about 0.4 ms, of the order of libgomp's own spin, which torch's one OpenMP pool uses),
+unless the user set the variable or scipy's BLAS is loaded already (their setting stands). The
+variable is set for the load only: the process's environment is left as it was. NumPy's own
+OpenBLAS (``np.matmul``) is loaded with NumPy, before opruntime, and keeps its default.
 """
 
 from __future__ import annotations
@@ -92,7 +104,42 @@ def loops(name: str) -> Any:
         return importlib.import_module(f"{__package__}.{name}")
 
 
+#: OpenBLAS's spin after a call, for scipy's library when opruntime loads it: 2**BLAS_SPIN cycles
+BLAS_SPIN = 20
+_SPIN_VARS = ("OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT")
+
+
+def _short_blas_spin() -> bool:
+    """Load scipy's OpenBLAS (``scipy.libs``) with ``OPENBLAS_THREAD_TIMEOUT=BLAS_SPIN`` in the
+    environment for the load only (the library reads it as it starts its threads), unless the
+    user set the spin or scipy's BLAS is already loaded; True when it was loaded here. Loaded by
+    path with ctypes (a few ms): scipy's own import later finds the library already mapped."""
+    import ctypes
+    import glob
+    import sys
+
+    if "scipy.linalg.cython_blas" in sys.modules or any(v in os.environ for v in _SPIN_VARS):
+        return False
+    spec = importlib.util.find_spec("scipy")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    base = Path(list(spec.submodule_search_locations)[0])
+    paths = sorted(glob.glob(str(base.parent / "scipy.libs" / "*openblas*"))) + sorted(
+        glob.glob(str(base / ".dylibs" / "*openblas*")))
+    if not paths:
+        return False
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(BLAS_SPIN)
+    try:
+        ctypes.CDLL(paths[0])
+        return True
+    except OSError:
+        return False
+    finally:
+        del os.environ["OPENBLAS_THREAD_TIMEOUT"]
+
+
 def _setup() -> Any:
+    _short_blas_spin()
     import numba
     from numba.core import caching
 
