@@ -6,8 +6,8 @@ attention's tiles) wants each call to run in the calling thread: an OpenBLAS lef
 starts its own threads for a 64 x 256 x 64 product, and two callers at once then wait on its one
 thread pool (or, from OpenMP threads, on each other: "Detect OpenMP Loop"). :func:`one_thread` sets
 the library's thread count to 1 for the duration of a call (reference-counted: concurrent callers
-share one setting, the last one out restores the count); the library is scipy's bundled one
-(``scipy.libs`` / ``.dylibs``) or any OpenBLAS mapped into the process. :func:`controllable` is
+share one setting, the last one out restores the count); the libraries are scipy's bundled one
+(``scipy.libs`` / ``.dylibs``) and any OpenBLAS mapped into the process (NumPy's). :func:`controllable` is
 False when none is found (another BLAS: MKL, Accelerate): kernels then call BLAS from one thread
 and let it spread each product itself.
 """
@@ -43,45 +43,55 @@ def _candidates() -> list[str]:
     return paths
 
 
-def _find() -> tuple[Any, Any] | None:
+def _find() -> list[tuple[Any, Any]]:
+    """(get, set) of each OpenBLAS library found: scipy's (which numba calls) and NumPy's."""
+    found, seen = [], set()
     for path in _candidates():
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for prefix in ("scipy_openblas", "openblas"):
-            get = getattr(lib, f"{prefix}_get_num_threads", None)
-            put = getattr(lib, f"{prefix}_set_num_threads", None)
+        for prefix, suffix in (("scipy_openblas", ""), ("scipy_openblas", "64_"), ("openblas", "")):
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
             if get is not None and put is not None:
-                get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
-                return get, put
-    return None
+                key = ctypes.cast(put, ctypes.c_void_p).value
+                if key not in seen:
+                    seen.add(key)
+                    get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+                    found.append((get, put))
+                break
+    return found
 
 
-def _lib() -> tuple[Any, Any] | None:
+def _libs() -> list[tuple[Any, Any]]:
     with _lock:
-        if "lib" not in _state:
-            _state["lib"] = _find()
-        return _state["lib"]
+        if "libs" not in _state:
+            _state["libs"] = _find()
+        return _state["libs"]
 
 
 def controllable() -> bool:
     """Whether :func:`one_thread` can hold numba's BLAS to one thread."""
-    return _lib() is not None
+    return bool(_libs())
 
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """numba's BLAS runs each call in its calling thread inside this block (no-op without one)."""
-    lib = _lib()
-    if lib is None:
+    """Inside this block every OpenBLAS found (numba's, which is scipy's, and NumPy's) runs each
+    call in its calling thread (no-op without one). NumPy's too: its worker threads, once given
+    work, keep spinning for about 0.1 s after a call (``OPENBLAS_THREAD_TIMEOUT``, read once at
+    load), and on 2 cores they take a core from whatever runs next; a small product is not worth
+    waking them."""
+    libs = _libs()
+    if not libs:
         yield
         return
-    get, put = lib
     with _lock:
         if not _state.get("depth"):
-            _state["saved"] = get()
-            put(1)
+            _state["saved"] = [get() for get, _ in libs]
+            for _, put in libs:
+                put(1)
         _state["depth"] = _state.get("depth", 0) + 1
     try:
         yield
@@ -89,4 +99,5 @@ def one_thread() -> Iterator[None]:
         with _lock:
             _state["depth"] -= 1
             if not _state["depth"]:
-                put(_state["saved"])
+                for (_, put), n in zip(libs, _state["saved"]):
+                    put(n)

@@ -24,7 +24,10 @@ depthwise loop: 1.31 s parallel, 0.58 s plain, its helpers compiled apart).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from numba.np.linalg import ensure_blas
 
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -32,6 +35,41 @@ OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 #: launchers apply any other in a second pass (``_nb_elementwise.bias_act_rows``), so that these
 #: loops never compile the exp / erfc polynomials (about 1.5 s of a first use)
 FUSED = (0, 2)
+
+ensure_blas()  # scipy's BLAS (scipy.linalg.cython_blas), which numba's np.dot and _xxgemm call
+
+#: numba's own BLAS entry (``numba/_helperlib``: scipy's ?gemm, column-major, with leading
+#: dimensions), called by symbol name, so that the loops that use it stay cacheable on disk
+_xxgemm = types.ExternalFunction("numba_xxgemm", types.intc(
+    types.char, types.char, types.char, types.intp, types.intp, types.intp,
+    types.voidptr, types.voidptr, types.intp, types.voidptr, types.intp, types.voidptr, types.voidptr, types.intp))
+
+
+@intrinsic
+def _ptr(typingctx, arr, off):
+    """A ``void *`` to element ``off`` of ``arr``'s data counted flat (C-contiguous arrays)."""
+    sig = types.voidptr(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.bitcast(cgutils.pointer_add(builder, ary.data, builder.mul(
+            args[1], context.get_constant(types.intp, context.get_abi_sizeof(
+                context.get_data_type(signature.args[0].dtype))))), cgutils.voidptr_t)
+
+    return sig, codegen
+
+
+@njit(**OPTIONS)
+def _gemm(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, m, n, k, ab):
+    """Row-major ``C = A @ B + beta C`` on flat C-contiguous ``a``, ``b``, ``c`` of one dtype:
+    ``A`` (m, k) from element ``a_off`` with row stride ``lda``, ``B`` (k, n) and ``C`` (m, n)
+    likewise; ``ab`` = [1, beta] in that dtype. One BLAS call (column-major: C^T = B^T A^T) in
+    the calling thread (:mod:`._blas` holds the library to one thread), no copy of any operand:
+    the leading dimensions let ``B`` be a window of a padded image or of an image's channels."""
+    kind = np.int8(115) if c.itemsize == 4 else np.int8(100)  # 's' / 'd'
+    nn = np.int8(110)
+    _xxgemm(kind, nn, nn, n, m, k, _ptr(ab, 0), _ptr(b, b_off), ldb, _ptr(a, a_off), lda,
+            _ptr(ab, 1), _ptr(c, c_off), ldc)
 
 
 @njit(**OPTIONS)
@@ -265,8 +303,9 @@ def im2col_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, co
     (N, C, H, W) any strides, ``w2`` (O, C/g * kh * kw) C-contiguous, ``out`` (N, O, Ho, Wo)
     C-contiguous. A task is (image, group, block of ``nb`` output positions): its columns
     (C/g * kh * kw, nb) gathered from the input (zeros for the padding, no padded copy), one
-    ``np.dot`` (BLAS, in this thread) with the group's weights, then each output channel's run
-    of the block written with the bias and activation (:data:`FUSED`). Tasks ``first:last``."""
+    BLAS call (:func:`_gemm`, in this thread) with the group's weights writing the block's run of
+    each output channel in place, then the bias and activation over it while it is in cache
+    (:data:`FUSED`). Tasks ``first:last``."""
     n_img, _, h, wd = x.shape
     o_out, kk = w2.shape
     cg = kk // (kh * kw)
@@ -276,31 +315,163 @@ def im2col_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, co
     nblk = (hw + nb - 1) // nb
     has_bias = bias.shape[0] > 0
     dt = out.dtype
-    cfull = np.empty((kk, min(nb, hw)), dt)
-    tfull = np.empty((og, min(nb, hw)), dt)
-    flat = out.reshape((n_img, o_out, hw))
+    width = min(nb, hw)
+    cols = np.empty((kk, width), dt)
+    cf = cols.reshape(-1)
+    wf = w2.reshape(-1)
+    of = out.reshape(-1)
+    ab = np.zeros(2, dt)
+    ab[0] = 1
     for t in range(first, last):
         n = t // (groups * nblk)
         r = t - n * groups * nblk
         g = r // nblk
         b0 = (r - g * nblk) * nb
         cnt = min(nb, hw - b0)
-        full = cnt == cfull.shape[1]
-        cols = cfull if full else np.empty((kk, cnt), dt)
-        tmp = tfull if full else np.empty((og, cnt), dt)
         for c in range(cg):
             xc = x[n, g * cg + c]
             for i in range(kh):
                 for j in range(kw):
                     _gather(cols[(c * kh + i) * kw + j], xc, 0, cnt, b0, wo, sh, sw, i * dh - pt, j * dw - pl, h, wd)
-        np.dot(w2[g * og:(g + 1) * og], cols, tmp)
+        # the block's output rows written in place (leading dimension HW), then the epilogue
+        _gemm(wf, g * og * kk, kk, cf, 0, width, of, (n * o_out + g * og) * hw + b0, hw, og, cnt, kk, ab)
         for oo in range(og):
             o = g * og + oo
-            dst = flat[n, o, b0:b0 + cnt]
-            src = tmp[oo]
-            for k in range(cnt):
-                dst[k] = src[k]
-            act_row(dst, bias[o] if has_bias else dt.type(0.0), code)
+            act_row(of[(n * o_out + o) * hw + b0:(n * o_out + o) * hw + b0 + cnt], bias[o] if has_bias else dt.type(0.0), code)
+
+
+@njit(**OPTIONS)
+def pointwise_gemm(x, w, bias, out, groups, nb, code, first, last):
+    """1x1 conv2d with stride 1 and no padding as GEMMs on the operands in place: ``x`` (N, C, HW)
+    and ``out`` (N, O, HW) C-contiguous and flat, ``w`` (O * C/g) flat. A task is (image, group,
+    block of ``nb`` positions): ``out[n, group, block] = w[group] @ x[n, group, block]``, one BLAS
+    call reading the block of the image's channels through its leading dimension (no column
+    buffer, no copy) and writing the output's rows in place, then the bias and activation
+    (:data:`FUSED`) over the block while it is in cache. Tasks ``first:last``."""
+    n_img, c_in, hw = x.shape
+    o_out = out.shape[1]
+    cg = c_in // groups
+    og = o_out // groups
+    nblk = (hw + nb - 1) // nb
+    has_bias = bias.shape[0] > 0
+    dt = out.dtype
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    ab = np.zeros(2, dt)
+    ab[0] = 1
+    for t in range(first, last):
+        n = t // (groups * nblk)
+        r = t - n * groups * nblk
+        g = r // nblk
+        b0 = (r - g * nblk) * nb
+        cnt = min(nb, hw - b0)
+        _gemm(w, g * og * cg, cg, xf, (n * c_in + g * cg) * hw + b0, hw,
+              of, (n * o_out + g * og) * hw + b0, hw, og, cnt, cg, ab)
+        for oo in range(og):
+            o = g * og + oo
+            act_row(of[(n * o_out + o) * hw + b0:(n * o_out + o) * hw + b0 + cnt], bias[o] if has_bias else dt.type(0.0), code)
+
+
+@njit(**OPTIONS)
+def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code, first, last):
+    """conv2d with stride 1 as one GEMM per kernel tap, no im2col: ``x`` (N, C, H, W) any
+    strides, ``wt`` (kh * kw * O * C/g) flat, the weights ordered (tap, O, C/g), ``out`` (N, O,
+    Ho, Wo) C-contiguous. A task is (image, group, block of ``rows`` output rows): the block's
+    input rows are copied once into a zero-padded buffer (C/g, rows + (kh - 1) dh, Wp) that stays
+    in cache, then for each tap (i, j) ``acc += w[tap] @ buffer[:, shifted by i dh Wp + j dw]``
+    (BLAS, the shifted window read through its leading dimension): ``acc`` is the block computed
+    *wide* (every one of the Wp padded columns of each output row, as :func:`direct_wide`; the
+    values read past a row's end reach only dropped columns). The kept columns are then copied
+    out with the bias and activation (:data:`FUSED`). Tasks ``first:last``."""
+    n_img, c_in, h, wd = x.shape
+    o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
+    cg = c_in // groups
+    og = o_out // groups
+    nblk = (ho + rows - 1) // rows
+    rin = rows + (kh - 1) * dh
+    plane = rin * wp + (kw - 1) * dw
+    has_bias = bias.shape[0] > 0
+    dt = out.dtype
+    buf = np.zeros(cg * plane, dt)  # the padding columns and the slack stay zero throughout
+    acc = np.empty(og * rows * wp, dt)
+    ab = np.zeros(2, dt)
+    for t in range(first, last):
+        n = t // (groups * nblk)
+        r = t - n * groups * nblk
+        g = r // nblk
+        y0 = (r - g * nblk) * rows
+        cnt = min(rows, ho - y0)
+        span = cnt * wp
+        for c in range(cg):
+            xc = x[n, g * cg + c]
+            for q in range(cnt + (kh - 1) * dh):
+                iy = y0 + q - pt
+                dst = buf[c * plane + q * wp + pl:c * plane + q * wp + pl + wd]
+                if 0 <= iy < h:
+                    src = xc[iy]
+                    for k in range(wd):
+                        dst[k] = src[k]
+                else:
+                    for k in range(wd):
+                        dst[k] = 0
+        for i in range(kh):
+            for j in range(kw):
+                tap = i * kw + j
+                ab[0] = 1
+                ab[1] = 0 if tap == 0 else 1
+                _gemm(wt, (tap * o_out + g * og) * cg, cg, buf, i * dh * wp + j * dw, plane,
+                      acc, 0, span, og, span, cg, ab)
+        for oo in range(og):
+            o = g * og + oo
+            bv = bias[o] if has_bias else dt.type(0.0)
+            for yy in range(cnt):
+                row = out[n, o, y0 + yy]
+                src = acc[oo * span + yy * wp:oo * span + yy * wp + wo]
+                for k in range(wo):
+                    row[k] = src[k]
+                act_row(row, bv, code)
+
+
+@njit(**OPTIONS)
+def reorder_taps(w, wt):
+    """``wt[tap, o, c] = w[o, c, tap]`` (``w`` (O, C/g, kh * kw), ``wt`` (kh * kw, O, C/g)): the
+    weights of :func:`shift_gemm`, read once in order (a NumPy transpose of the 4-D weights
+    copies with a stride of kh * kw elements in its inner loop: 5 ms on 512 x 512 x 3 x 3)."""
+    o_out, cg, taps = w.shape
+    for o in range(o_out):
+        for c in range(cg):
+            for t in range(taps):
+                wt[t, o, c] = w[o, c, t]
+
+
+# -- the GEMM loops on numba's own threads ---------------------------------------------------------
+# One prange over ``pieces`` contiguous ranges of tasks, each range one call of a plain loop above
+# (compiled once, apart from these small wrappers). On numba's threads, not Python's: after every
+# parallel region (the elementwise kernels between the convolutions) numba's OpenMP workers spin
+# for a while, and on 2 cores a Python thread started meanwhile waits for a core: ResNet-50's
+# convolutions ran a third slower on Python threads.
+
+@njit(parallel=True, **OPTIONS)
+def par_pointwise(x, w, bias, out, groups, nb, code, tasks, pieces):
+    """:func:`pointwise_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        pointwise_gemm(x, w, bias, out, groups, nb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(parallel=True, **OPTIONS)
+def par_shift(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code, tasks, pieces):
+    """:func:`shift_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
+                   tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(parallel=True, **OPTIONS)
+def par_im2col(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code, tasks, pieces):
+    """:func:`im2col_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        im2col_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code,
+                    tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)

@@ -33,7 +33,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from opruntime.kernels import FLOATS, Kernel, Problem, Refusal, itemsize, roofline
 
-from . import jit
+from . import buffers, jit
 from .epilogue import activate
 from .matmul import CPU_BYTES, CPU_FLOPS
 from .memory import compute_dtype
@@ -238,6 +238,19 @@ def _flops(problem: Problem) -> float:
 GEMM_RATE, BLOCK_GEMM_RATE, PASS_BYTES = 250e9, 200e9, 20e9
 
 
+#: what a call of NumPy's BLAS (two threads) costs the kernels after it, where numba's kernels are
+#: the alternative: its threads keep spinning for about 0.1 s after each call and on 2 cores take
+#: a core from the next kernel's threads (numba's, or the next BLAS call's): ResNet-50 batch 4 ran
+#: 221 ms with its 2048 -> 512 1x1 and stride-2 3x3 layers on the NumPy paths, 174 ms without
+BLAS_THREADS_PENALTY = 1e-3
+
+
+def _spin(problem: Problem) -> float:
+    """:data:`BLAS_THREADS_PENALTY` where the numba kernels are offered and the GEMMs are large
+    enough for BLAS to start its threads, else 0."""
+    return BLAS_THREADS_PENALTY if jit.available() and _flops(problem) >= SERIAL_FLOPS else 0.0
+
+
 def _out_bytes(problem: Problem) -> float:
     return math.prod(problem.out_shape) * itemsize(problem.dtype)
 
@@ -260,7 +273,8 @@ def im2col_cost(problem: Problem, config: Any) -> float:
     rate = GEMM_RATE * min(1.0, positions / 512.0) ** 0.5 * min(1.0, problem.shapes[1][0] / g / 64.0)
     chunk_bytes = positions / (ho * (wo + kw - 1)) * per_image
     cols_rate = PASS_BYTES if chunk_bytes <= 4 << 20 else PASS_BYTES / 2  # columns past the caches
-    return _flops(problem) / rate + 2 * _cols_bytes(problem) / cols_rate + 5 * _out_bytes(problem) / PASS_BYTES + 1e-5
+    return _flops(problem) / rate + 2 * _cols_bytes(problem) / cols_rate + 5 * _out_bytes(problem) / PASS_BYTES \
+        + 1e-5 + _spin(problem)
 
 
 def pointwise_cost(problem: Problem, config: Any) -> float:
@@ -268,7 +282,7 @@ def pointwise_cost(problem: Problem, config: Any) -> float:
     NumPy epilogue (two more passes): 64 -> 256 channels on 4 x 56 x 56 measured 3.8 ms, 1024 ->
     256 on 4 x 14 x 14 1.7 ms (the same flops: the output's passes differ)."""
     x = math.prod(problem.shapes[0]) * itemsize(problem.dtype) * (1 if problem.attrs["stride"] == (1, 1) else 2)
-    return _flops(problem) / (GEMM_RATE * 1.2) + (x + 5 * _out_bytes(problem)) / PASS_BYTES + 5e-6
+    return _flops(problem) / (GEMM_RATE * 1.2) + (x + 5 * _out_bytes(problem)) / PASS_BYTES + 5e-6 + _spin(problem)
 
 
 def depthwise_cost(problem: Problem, config: Any) -> float:
@@ -343,7 +357,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         x = x.astype(dt, copy=False)
         w = np.ascontiguousarray(w, dt)
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
-        out = np.empty(problem.out_shape, dt)
+        out = buffers.empty(problem.out_shape, dt)
         g = problem.attrs["groups"]
         if dw_path and wide:
             spread(nb.depthwise_wide, x, w.reshape(o, kh, kw), b, out, dh, dw, pt, pl, hp, wp, fused)
@@ -376,16 +390,12 @@ def _block(problem: Problem, config: Any) -> int:
     return max(1, min(ho * wo, nb))
 
 
-def is_few_channels(problem: Problem) -> bool | Refusal:
-    """``numba_im2col`` is offered for few input channels per group (the 7x7 stem): there the
-    NumPy path's column copies dominate its GEMM. On wide layers it measured faster in isolation
-    too (512 channels 3x3 on 4 x 7 x 7: 6.0 ms against 9.5), but inside a model it ran at half
-    speed (ResNet-50 batch 4: 584 ms against 432): NumPy's BLAS threads, left spinning by the
-    layers before, take a core from its threads (see the report of issue 16's session)."""
+def is_not_depthwise(problem: Problem) -> bool | Refusal:
+    """``numba_im2col`` takes any grouped convolution but the depthwise ones; the cost models
+    send it the strided ones (the 7x7 stem, ResNet's stride-2 3x3 and 1x1 layers), where the
+    stride-1 path (``numba_gemm``) does not apply."""
     if is_depthwise(problem):
         return Refusal("depthwise: numba_depthwise")
-    if problem.shapes[1][1] > DIRECT_CHANNELS:
-        return Refusal(f"more than {DIRECT_CHANNELS} input channels per group: im2col / pointwise (BLAS threads)")
     return True
 
 
@@ -409,17 +419,17 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
     dt = compute_dtype(problem.dtype)
     block = _block(problem, config)
     tasks = n * g * -(-(ho * wo) // block)
-    spread = split(tasks, _flops(problem) if _blas.controllable() else 0.0)
+    pieces = _pieces(tasks, problem)
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dt)
         w2 = np.ascontiguousarray(w, dt).reshape(o, cg * kh * kw)
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
-        out = np.empty(problem.out_shape, dt)
+        out = buffers.empty(problem.out_shape, dt)
         if out.size:
             with _blas.one_thread():
-                spread(nb.im2col_gemm, x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block, fused)
+                jit.call(nb.par_im2col, x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block, fused, tasks, pieces)
             if code != fused:
                 jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
         return out.astype(problem.dtype, copy=False)
@@ -434,6 +444,125 @@ def numba_im2col_cost(problem: Problem, config: Any) -> float:
     4 x 14 x 14 (pointwise 1.7), 6.0 ms on 512 channels 3x3 on 4 x 7 x 7 (im2col 9.5)."""
     return _flops(problem) / BLOCK_GEMM_RATE + _cols_bytes(problem) / (PASS_BYTES / 2) \
         + _out_bytes(problem) / PASS_BYTES + 2e-5
+
+
+#: Cache budgets (bytes) of one task's working set in ``numpy.conv2d.numba_gemm`` (its input
+#: window and its block of output): the tuner tries each, the heuristic takes the first
+NUMBA_GEMM_CONFIGS = ({"block_bytes": 1 << 20}, {"block_bytes": 512 << 10}, {"block_bytes": 2 << 20})
+
+
+def is_unit_stride(problem: Problem) -> bool | Refusal:
+    """``numba_gemm`` takes stride-1 convolutions (the strided ones gather: ``numba_im2col``)."""
+    if is_depthwise(problem):
+        return Refusal("depthwise: numba_depthwise")
+    if problem.attrs["stride"] != (1, 1):
+        return Refusal("strided: numba_im2col")
+    return True
+
+
+def _gemm_plan(problem: Problem, config: Any) -> tuple[bool, int, int]:
+    """(pointwise, block, tasks) of ``numba_gemm``: positions per block (pointwise) or output rows
+    per block (shifted taps) within the budget, cut finer where the batch gives the threads fewer
+    than two tasks each."""
+    _, c, h, wd = problem.shapes[0]
+    o, cg, kh, kw = problem.shapes[1]
+    g = problem.attrs["groups"]
+    n, _, ho, wo = problem.out_shape
+    pt, pb, pl, pr = problem.attrs["padding"]
+    og, size = o // g, itemsize(problem.dtype)
+    budget = (config or NUMBA_GEMM_CONFIGS[0])["block_bytes"]
+    want = -(-2 * jit.threads() // max(1, n * g))  # blocks per image for two tasks a thread
+    if kh == kw == 1 and not (pt or pb or pl or pr):
+        per = max(64, budget // ((cg + og) * size))
+        block = max(1, min(ho * wo, per, -(-(ho * wo) // want)))
+        return True, block, n * g * -(-(ho * wo) // block)
+    wp = wd + pl + pr
+    rows = max(1, min(ho, budget // ((cg + og) * wp * size), -(-ho // want)))
+    return False, rows, n * g * -(-ho // rows)
+
+
+def _pieces(tasks: int, problem: Problem) -> int:
+    """Ranges of tasks the GEMM loops run in parallel: :data:`PIECES_PER_THREAD` per thread, one
+    for few flops (a parallel region's hand-off costs more) or where BLAS cannot be held to one
+    thread (another BLAS spreads each product itself)."""
+    from . import _blas
+
+    if _flops(problem) < SERIAL_FLOPS or not _blas.controllable():
+        return 1
+    return max(1, min(tasks, jit.threads() * PIECES_PER_THREAD))
+
+
+def prepare_numba_gemm(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.conv2d.numba_gemm`` (stride 1): a 1x1 conv without padding as GEMMs
+    on the input and output in place (:func:`._nb_conv.pointwise_gemm`), any other as one GEMM
+    per kernel tap on a padded block of rows (:func:`._nb_conv.shift_gemm`, the weights reordered
+    (tap, O, C/g) once per call). Tasks split over the threads as ``numba_im2col``'s, BLAS held
+    to one thread; no im2col, no NumPy BLAS (whose threads keep spinning after a call: on 2
+    cores they take a core from the next kernel's threads)."""
+    from . import _blas
+
+    nb = jit.loops("_nb_conv")
+    nbe = jit.loops("_nb_elementwise")
+    code = nbe.CODES[problem.attrs.get("activation")]
+    fused = code if code in nb.FUSED else 0
+    (dh, dw) = problem.attrs["dilation"]
+    pt, _, pl, pr = problem.attrs["padding"]
+    n, c, h, wd = problem.shapes[0]
+    o, cg, kh, kw = problem.shapes[1]
+    g = problem.attrs["groups"]
+    _, _, ho, wo = problem.out_shape
+    dt = compute_dtype(problem.dtype)
+    pointwise_path, block, tasks = _gemm_plan(problem, config)
+    pieces = _pieces(tasks, problem)
+    wp = wd + pl + pr
+
+    @np.errstate(over="ignore", invalid="ignore")
+    def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
+        out = buffers.empty(problem.out_shape, dt)
+        if out.size:
+            if pointwise_path:
+                xs = np.ascontiguousarray(x, dt).reshape(n, c, h * wd)
+                wf = np.ascontiguousarray(w, dt).reshape(-1)
+                with _blas.one_thread():
+                    jit.call(nb.par_pointwise, xs, wf, b, out.reshape(n, o, ho * wo), g, block, fused, tasks, pieces)
+            else:
+                xs = x.astype(dt, copy=False)
+                wt = np.empty((kh * kw, o, cg), dt)
+                jit.call(nb.reorder_taps, np.ascontiguousarray(w, dt).reshape(o, cg, kh * kw), wt)
+                wt = wt.reshape(-1)
+                with _blas.one_thread():
+                    jit.call(nb.par_shift, xs, wt, b, out, kh, kw, dh, dw, pt, pl, wp, block, g, fused, tasks, pieces)
+            if code != fused:
+                jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
+        return out.astype(problem.dtype, copy=False)
+
+    return jit.first_use("numpy.conv2d.numba_gemm", launch)
+
+
+#: BLAS in each thread on one block in cache, both threads (``numba_gemm``): 330 GFLOP/s on wide
+#: blocks, less on few output channels per group or few positions per block (the GEMM's M and N)
+BLOCK_GEMM_PEAK = 330e9
+
+
+def numba_gemm_cost(problem: Problem, config: Any) -> float:
+    """The GEMMs (:data:`BLOCK_GEMM_PEAK` scaled down for M or N under 256; the shifted taps
+    compute the Wp - Wo padding columns too), the input read once, the weights reordered
+    (shifted taps), the output written once with its epilogue. Fitted on ResNet-50's stride-1
+    layers at batch 4 inside the model (within 20 %): 1.4 ms for 256 -> 1024 1x1 on 14 x 14,
+    3.8 ms for 64 channels 3x3 on 56 x 56, 2.0 ms for 2048 -> 512 1x1 on 7 x 7."""
+    o, cg, kh, kw = problem.shapes[1]
+    g = problem.attrs["groups"]
+    pointwise_path, block, _ = _gemm_plan(problem, config)
+    wd, (pl, pr), wo = problem.shapes[0][3], problem.attrs["padding"][2:], problem.out_shape[3]
+    positions = block if pointwise_path else block * (wd + pl + pr)
+    rate = BLOCK_GEMM_PEAK * min(1.0, o / g / 256.0) ** 0.25 * min(1.0, positions / 256.0) ** 0.25
+    wide = 1.0 if pointwise_path else (wd + pl + pr) / max(1, wo)
+    size = itemsize(problem.dtype)
+    moved = math.prod(problem.shapes[0]) * size + _out_bytes(problem)
+    if not pointwise_path:
+        moved += 2 * math.prod(problem.shapes[1]) * size
+    return _flops(problem) * wide / rate + moved / PASS_BYTES + 2e-5
 
 
 def numba_depthwise_cost(problem: Problem, config: Any) -> float:
@@ -463,7 +592,10 @@ def kernels() -> list[Kernel]:
                 Kernel("conv2d", "numpy.conv2d.numba_direct", "cpu", FLOATS, prepare=prepare_numba,
                        supports=is_direct, cost=numba_direct_cost, source=src,
                        notes=jit.notes("numpy.conv2d.numba_direct")),
+                Kernel("conv2d", "numpy.conv2d.numba_gemm", "cpu", FLOATS, prepare=prepare_numba_gemm,
+                       supports=is_unit_stride, cost=numba_gemm_cost,
+                       configs=NUMBA_GEMM_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_gemm")),
                 Kernel("conv2d", "numpy.conv2d.numba_im2col", "cpu", FLOATS, prepare=prepare_numba_im2col,
-                       supports=is_few_channels, cost=numba_im2col_cost,
+                       supports=is_not_depthwise, cost=numba_im2col_cost,
                        configs=NUMBA_IM2COL_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_im2col"))]
     return out

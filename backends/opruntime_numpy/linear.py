@@ -9,6 +9,7 @@ of :mod:`._nb_math` (NumPy's activations call libm per element: gelu's erfc cost
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,22 @@ from .memory import compute_dtype
 CONFIGS = ({"block_bytes": 1 << 20}, {"block_bytes": 256 << 10}, {"block_bytes": 4 << 20}, {"block_bytes": None})
 
 
+#: below this many flops the GEMM runs in the calling thread (about 0.2 ms there): BLAS threads
+#: woken for it would keep spinning for ~0.1 s after it (see :mod:`._blas`), on 2 cores taking a
+#: core from the next kernel (the fc layer of ResNet-50 slowed the next forward's first layers)
+ONE_THREAD_FLOPS = 32e6
+
+
+def _threads(problem: Problem) -> Any:
+    """The BLAS threads' context for this problem's GEMM: one thread for small products."""
+    m, k = problem.shapes[0]
+    if 2.0 * m * k * problem.shapes[1][0] < ONE_THREAD_FLOPS:
+        from . import _blas
+
+        return _blas.one_thread()
+    return contextlib.nullcontext()
+
+
 def run(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     dt = compute_dtype(problem.dtype)
     x, w = x.astype(dt, copy=False), w.astype(dt, copy=False)
@@ -35,7 +52,7 @@ def run(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, bias: np.nd
     budget = config.get("block_bytes") if config else None
     rows = m if budget is None else max(1, min(m, budget // max(1, n * dt.itemsize)))
     wt = w.T
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"), _threads(problem):
         for start in range(0, m, rows):  # cache-sized blocks of rows, not single rows
             y = out[start : start + rows]
             np.matmul(x[start : start + rows], wt, out=y)
@@ -97,7 +114,8 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
             if code:
                 jit.call(nb.bias_act_rows, out, b[:0], code)
             return out.astype(problem.dtype, copy=False)
-        out = np.matmul(x, w.T, out=np.empty((m, n), dt))
+        with _threads(problem):
+            out = np.matmul(x, w.T, out=np.empty((m, n), dt))
         if code or b.size:
             jit.call(nb.bias_act_rows, out, b, code)
         return out.astype(problem.dtype, copy=False)
