@@ -136,7 +136,7 @@ CONV = cases(
 
 
 @pytest.mark.parametrize("name", ["numpy.conv2d.numba_depthwise", "numpy.conv2d.numba_direct",
-                                  "numpy.conv2d.numba_im2col"])
+                                  "numpy.conv2d.numba_im2col", "numpy.conv2d.numba_gemm"])
 def test_numba_conv_every_entry_point(name):
     clean(check_kernel(registry().kernels[name], CPU, cases=CONV))
 

@@ -1,0 +1,101 @@
+"""The cpu backend's GEMM convolutions (``numpy.conv2d.numba_gemm``, ``numpy.conv2d.numba_im2col``)
+on problems that reach every branch of their task loops: several blocks of rows or positions with
+a short last one (the cache budgets of every config), groups, padding wider than the kernel,
+dilation, a 1x1 conv with padding (the shifted-taps path, not the pointwise one), float64, strided
+and transposed operands, the fused ReLU and a second-pass activation; then the cost models' picks
+on ResNet-50's layers, and the BLAS thread counts restored after a call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opruntime as opr
+from opruntime.ops.base import Case
+from opruntime.plugins import registry
+from opruntime.testing import check_kernel, failures, summary
+
+pytest.importorskip("numba")
+
+from opruntime_numpy import _blas  # noqa: E402
+
+CPU = opr.Device("cpu")
+
+
+def clean(findings) -> None:
+    bad = failures(findings)
+    assert not bad, f"{len(bad)} conformance failure(s):\n{summary(bad)}"
+
+
+def _cv(x, w, bias=True, views=(), dtype="float32", **attrs) -> Case:
+    return Case((x, w, (w[0],)) if bias else (x, w), attrs, dtype, views, op="conv2d")
+
+
+GEMM = [
+    _cv((3, 40, 37, 29), (48, 40, 3, 3), padding=1, activation="relu"),  # several row blocks, short last
+    _cv((2, 96, 45, 11), (160, 96, 1, 1), activation="relu"),  # pointwise: several position blocks
+    _cv((2, 12, 9, 10), (9, 4, 3, 3), padding=(2, 1), groups=3, bias=False),  # grouped, shifted taps
+    _cv((2, 12, 9, 10), (9, 4, 1, 1), groups=3, activation="gelu"),  # grouped pointwise, 2nd pass
+    _cv((1, 8, 11, 13), (5, 8, 1, 1), padding=1),  # 1x1 with padding: shifted taps
+    _cv((2, 7, 16, 15), (6, 7, 3, 3), padding=2, dilation=2, activation="relu"),  # dilated
+    _cv((2, 8, 12, 10), (6, 8, 3, 5), padding=(0, 2), dtype="float64"),  # float64, no row padding
+    _cv((2, 6, 10, 9), (4, 6, 3, 3), padding=1, views=("slice", "T")),  # strided operands
+    _cv((1, 4, 1, 1), (3, 4, 1, 1)),  # one position
+    _cv((1, 64, 7, 7), (64, 64, 3, 3), padding=1, activation="relu"),  # fewer tasks than threads x 2
+]
+IM2COL = [
+    _cv((2, 40, 23, 21), (32, 40, 3, 3), stride=2, padding=1, activation="relu"),  # ResNet's stride-2 3x3
+    _cv((2, 48, 15, 13), (40, 48, 1, 1), stride=2),  # the downsample's strided 1x1
+    _cv((2, 12, 17, 14), (8, 6, 3, 3), stride=(2, 3), padding=(1, 2), groups=2, dilation=(1, 2)),
+    _cv((1, 3, 29, 31), (8, 3, 7, 7), stride=2, padding=3, activation="gelu_tanh", dtype="float64"),
+]
+
+
+@pytest.mark.parametrize("case", GEMM, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
+def test_numba_gemm_every_branch(case):
+    clean(check_kernel(registry().kernels["numpy.conv2d.numba_gemm"], CPU, cases=[case]))
+
+
+@pytest.mark.parametrize("case", IM2COL, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
+def test_numba_im2col_wide_and_strided(case):
+    clean(check_kernel(registry().kernels["numpy.conv2d.numba_im2col"], CPU, cases=[case]))
+
+
+def test_numba_gemm_refuses_strided_and_depthwise():
+    k = registry().kernels["numpy.conv2d.numba_gemm"]
+    x, w = np.zeros((1, 8, 9, 9), np.float32), np.zeros((8, 8, 3, 3), np.float32)
+    text = str(opr.explain("conv2d", x, w, stride=2, device="cpu"))
+    assert "numpy.conv2d.numba_gemm" in text and "strided" in text
+    assert k.name in str(opr.explain("conv2d", x, w, padding=1, device="cpu"))
+
+
+#: ResNet-50's layers at batch 4 (224 x 224) and the kernel the cost models must give each: no
+#: NumPy BLAS inside the model (its threads' spinning slows the kernels after it)
+RESNET = [
+    ((4, 64, 56, 56), (64, 64, 3, 3), 1, 1, "numpy.conv2d.numba_gemm"),
+    ((4, 256, 14, 14), (256, 256, 3, 3), 1, 1, "numpy.conv2d.numba_gemm"),
+    ((4, 64, 56, 56), (256, 64, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
+    ((4, 1024, 14, 14), (256, 1024, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
+    ((4, 2048, 7, 7), (512, 2048, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
+    ((4, 512, 7, 7), (512, 512, 3, 3), 1, 1, "numpy.conv2d.numba_im2col"),
+    ((4, 128, 56, 56), (128, 128, 3, 3), 2, 1, "numpy.conv2d.numba_im2col"),
+    ((4, 256, 56, 56), (512, 256, 1, 1), 2, 0, "numpy.conv2d.numba_im2col"),
+    ((4, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_im2col"),
+    ((1, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_im2col"),
+]
+
+
+@pytest.mark.parametrize("x,w,stride,padding,want", RESNET, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_cost_models_pick_the_gemm_kernels_on_resnet(x, w, stride, padding, want):
+    text = str(opr.explain("conv2d", np.zeros(x, np.float32), np.zeros(w, np.float32), np.zeros(w[0], np.float32),
+                           stride=stride, padding=padding, activation="relu", device="cpu"))
+    assert f"chosen: {want}" in text, text
+
+
+def test_blas_threads_restored():
+    before = [get() for get, _ in _blas._libs()]
+    x = np.random.default_rng(0).standard_normal((2, 64, 20, 20)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((64, 64, 3, 3)).astype(np.float32)
+    with opr.override(ops={"conv2d": {"kernel": "numpy.conv2d.numba_gemm"}}, strict=True):
+        opr.conv2d(x, w, padding=1)
+    assert [get() for get, _ in _blas._libs()] == before
