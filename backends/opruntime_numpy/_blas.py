@@ -71,6 +71,12 @@ def _libs() -> list[tuple[Any, Any]]:
         return _state["libs"]
 
 
+def _lib() -> tuple[Any, Any] | None:
+    """(get, set) of the first library found (scipy's, the one numba calls), or None."""
+    libs = _libs()
+    return libs[0] if libs else None
+
+
 def controllable() -> bool:
     """Whether :func:`one_thread` can hold numba's BLAS to one thread."""
     return bool(_libs())
