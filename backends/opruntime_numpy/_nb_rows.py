@@ -168,24 +168,27 @@ def softmax_split(x, out, log, parts, block):
                 yr[j] = fexp(xr[j] - m) * c
 
 
-@njit(parallel=True, **OPTIONS)
-def softmax_cols(x, out, log, width, parts):
-    """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``. Tasks of (outer
-    index, block of ``width`` columns, one of ``parts`` runs of rows): each task streams its rows'
-    blocks (whole rows when ``inner <= width``, which the prefetchers follow; a narrow block per
-    row started a new page every row) in one online pass (running max and rescaled sum per column,
-    vectorized across the columns, branch-free); the runs' (max, sum) are combined per column (each
-    sum rescaled to the column's max); then the output in the same tasks. A column of -inf keeps
-    a zero sum (and gives NaN, as the reference), +inf and NaN give NaN sums."""
+@njit(**OPTIONS)
+def cols_stats(x, ms, ss, width, parts, first, last):
+    """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``, first half: the
+    tasks ``first:last`` of (outer index, block of ``width`` columns, one of ``parts`` runs of
+    rows), each streaming its rows' blocks (whole rows when ``inner <= width``, which the
+    prefetchers follow; a narrow block per row started a new page every row) in one online pass
+    into ``ms``, ``ss`` (outer, parts, inner): per column the running max and the sum of exps
+    rescaled to it, vectorized across the columns and branch-free. A column of -inf keeps a zero
+    sum, +inf and NaN give NaN sums.
+
+    Not ``parallel=True``: the launcher runs ranges of tasks on threads (``softmax.two_phases``),
+    and the two plain loops compile in half a ``prange`` version's time (the first use of softmax
+    along axis 0 took 2.3 s with three ``prange`` loops in one function, 3.6 s with two ``prange``
+    loops calling these)."""
     outer, n, inner = x.shape
     blocks = (inner + width - 1) // width
     step = (n + parts - 1) // parts
     ninf = x.dtype.type(-np.inf)
     zero = x.dtype.type(0.0)
     one = x.dtype.type(1.0)
-    ms = np.empty((outer, parts, inner), x.dtype)
-    ss = np.empty((outer, parts, inner), x.dtype)
-    for t in prange(outer * blocks * parts):
+    for t in range(first, last):
         o = t // (blocks * parts)
         c0 = ((t // parts) % blocks) * width
         k = t % parts
@@ -208,49 +211,57 @@ def softmax_cols(x, out, log, width, parts):
                 p = zero if v == ninf else p
                 s[c] = s[c] * alpha + p
                 m[c] = mn
-    big_m = np.empty((outer, inner), x.dtype)
-    scale = np.empty((outer, inner), x.dtype)
-    for o in range(outer):
-        bm = big_m[o]
-        sc = scale[o]
-        for c in range(inner):
-            bm[c] = ms[o, 0, c]
-        for k in range(1, parts):
-            mk = ms[o, k]
-            for c in range(inner):
-                bm[c] = maxnum(bm[c], mk[c])
-        for c in range(inner):
-            sc[c] = zero
-        for k in range(parts):
-            mk = ms[o, k]
-            sk = ss[o, k]
-            for c in range(inner):
-                a = fexp(mk[c] - bm[c])
-                a = one if mk[c] == bm[c] else a  # -inf == -inf, +inf == +inf: the sum as it is
-                sc[c] += sk[c] * a
-        if log:
-            for c in range(inner):
-                sc[c] = x.dtype.type(math.log(sc[c]))
-        else:
-            for c in range(inner):
-                sc[c] = one / sc[c]
-    for t in prange(outer * blocks * parts):
+
+
+@njit(**OPTIONS)
+def cols_out(x, out, ms, ss, log, width, parts, first, last):
+    """The second half of :func:`cols_stats`: per task, its columns' runs combined (the largest
+    max; each run's sum rescaled to it: the few ``parts`` values per column, recomputed by each of
+    the column block's tasks instead of in a serial pass between the two), then its rows of the
+    output, ``exp(x - max) / sum`` or ``(x - max) - log(sum)``."""
+    outer, n, inner = x.shape
+    blocks = (inner + width - 1) // width
+    step = (n + parts - 1) // parts
+    one = x.dtype.type(1.0)
+    bm = np.empty(min(width, inner), x.dtype)
+    sc = np.empty(min(width, inner), x.dtype)
+    for t in range(first, last):
         o = t // (blocks * parts)
         c0 = ((t // parts) % blocks) * width
         k = t % parts
         c1 = min(inner, c0 + width)
         w = c1 - c0
-        m = big_m[o, c0:c1]
-        sc = scale[o, c0:c1]
+        m0 = ms[o, 0, c0:c1]
+        for c in range(w):
+            bm[c] = m0[c]
+        for kk in range(1, parts):
+            mk = ms[o, kk, c0:c1]
+            for c in range(w):
+                bm[c] = maxnum(bm[c], mk[c])
+        for c in range(w):
+            sc[c] = x.dtype.type(0.0)
+        for kk in range(parts):
+            mk = ms[o, kk, c0:c1]
+            sk = ss[o, kk, c0:c1]
+            for c in range(w):
+                a = fexp(mk[c] - bm[c])
+                a = one if mk[c] == bm[c] else a  # -inf == -inf, +inf == +inf: the sum as it is
+                sc[c] += sk[c] * a
+        if log:
+            for c in range(w):
+                sc[c] = x.dtype.type(math.log(sc[c]))
+        else:
+            for c in range(w):
+                sc[c] = one / sc[c]
         for i in range(min(n, k * step), min(n, k * step + step)):
             xi = x[o, i, c0:c1]
             oi = out[o, i, c0:c1]
             if log:
                 for c in range(w):
-                    oi[c] = (xi[c] - m[c]) - sc[c]
+                    oi[c] = (xi[c] - bm[c]) - sc[c]
             else:
                 for c in range(w):
-                    oi[c] = fexp(xi[c] - m[c]) * sc[c]
+                    oi[c] = fexp(xi[c] - bm[c]) * sc[c]
 
 
 # -- layer_norm / rms_norm ------------------------------------------------------------------------------
