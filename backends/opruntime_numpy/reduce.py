@@ -61,7 +61,9 @@ def cost(problem: Problem, config: Any) -> float:
 
 def prepare_numba(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.<op>.numba``: the input as ``(outer, n, inner)`` (a strided view, or
-    a transposed copy), the loop's float64 result divided by ``n`` for ``mean`` and rounded once."""
+    a transposed copy), the loop's float64 result divided by ``n`` for ``mean`` and rounded once
+    (by the loop itself along rows; a contiguous input along its last axes takes the shortest
+    launcher, :func:`launch_rows`: no NumPy call but two reshapes)."""
     nb = jit.loops("_nb_reduce")
     (outer, n, inner, so, sn, si), perm = reduction_plan(problem)
     is_max = problem.op == "amax"
@@ -74,6 +76,14 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     strides = problem.strides[0]
     contiguous = strides is None or strides == c_strides(problem.shapes[0])  # reshape: the view, no as_strided (10 us)
 
+    rows = perm is None and inner == 1 and contiguous  # the hot case
+
+    def launch_rows(x: np.ndarray) -> np.ndarray:
+        """Rows reduced: the loop divides (mean) and rounds into the result itself."""
+        out = np.empty(outer, dtype)
+        jit.call(nb.rows, x.reshape(outer, n), out, is_max, float(n) if mean else 1.0)
+        return out.reshape(out_shape)
+
     @_quiet
     def launch(x: np.ndarray) -> np.ndarray:
         if perm is not None:
@@ -85,16 +95,14 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
             size = x.itemsize
             view = np.lib.stride_tricks.as_strided(x, (outer, n, inner), (so * size, sn * size, si * size))
         if inner == 1:
-            acc = np.empty(outer, np.float64)
-            jit.call(nb.rows, view.reshape(outer, n), acc, is_max)
-        else:
-            acc = np.empty((outer, inner), np.float64)
-            jit.call(nb.cols, view, acc, is_max, parts)
+            return launch_rows(view)
+        acc = np.empty((outer, inner), np.float64)
+        jit.call(nb.cols, view, acc, is_max, parts)
         if mean:
             acc /= n
         return acc.astype(dtype).reshape(out_shape)
 
-    return jit.first_use(f"numpy.{problem.op}.numba", launch)
+    return jit.first_use(f"numpy.{problem.op}.numba", launch_rows if rows else launch)
 
 
 def numba_cost(problem: Problem, config: Any) -> float:
