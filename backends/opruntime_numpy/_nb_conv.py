@@ -433,6 +433,85 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
 
 
 @njit(**OPTIONS)
+def phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, first, last):
+    """Strided conv2d as im2col + GEMM with the columns copied in long contiguous runs: ``x``
+    (N, C, H, W) any strides, ``w2`` (O * C/g * kh * kw) flat in its own order, ``out`` (N, O, Ho,
+    Wo) C-contiguous. A task is (image, group, block of ``rows`` output rows). The block's input
+    is first split into its stride phases, zero-padded: phase (py, px) of channel c holds the
+    padded input at rows ``y * sh + py`` and columns ``x * sw + px`` (row length ``wq``). Tap (i, j)
+    then reads phase ((i dh) % sh, (j dw) % sw) shifted by ((i dh) // sh, (j dw) // sw) at unit
+    stride, so its column row for the whole block, computed *wide* over the ``wq`` phase columns
+    (the ones past Wo are dropped), is one contiguous copy (where a gather per output row and tap
+    reads every sw-th value: the 7x7 stem's columns cost more than its GEMM). One BLAS call per
+    task, then the kept columns copied out with the bias and activation (:data:`FUSED`)."""
+    n_img, c_in, h, wd = x.shape
+    o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
+    cg = c_in // groups
+    og = o_out // groups
+    kk = cg * kh * kw
+    nblk = (ho + rows - 1) // rows
+    halo = ((kh - 1) * dh) // sh
+    rin = rows + halo
+    plane = rin * wq + ((kw - 1) * dw) // sw
+    nph = sh * sw
+    has_bias = bias.shape[0] > 0
+    dt = out.dtype
+    buf = np.zeros(cg * nph * plane, dt)
+    cols = np.empty(kk * rows * wq, dt)
+    acc = np.empty(og * rows * wq, dt)
+    ab = np.zeros(2, dt)
+    ab[0] = 1
+    for t in range(first, last):
+        n = t // (groups * nblk)
+        r = t - n * groups * nblk
+        g = r // nblk
+        y0 = (r - g * nblk) * rows
+        cnt = min(rows, ho - y0)
+        span = cnt * wq
+        for c in range(cg):
+            xc = x[n, g * cg + c]
+            for py in range(sh):
+                for q in range(cnt + halo):
+                    iy = (y0 + q) * sh + py - pt
+                    for px in range(sw):
+                        dst = buf[(c * nph + py * sw + px) * plane + q * wq:(c * nph + py * sw + px) * plane + (q + 1) * wq]
+                        if 0 <= iy < h:
+                            src = xc[iy]
+                            lo = max(0, (pl - px + sw - 1) // sw)  # first phase column inside the input
+                            hi = min(wq, (wd - 1 + pl - px) // sw + 1) if wd - 1 + pl - px >= 0 else 0
+                            for k in range(min(lo, wq)):
+                                dst[k] = 0
+                            for k in range(lo, hi):
+                                dst[k] = src[k * sw + px - pl]
+                            for k in range(max(hi, lo), wq):
+                                dst[k] = 0
+                        else:
+                            for k in range(wq):
+                                dst[k] = 0
+        for c in range(cg):
+            for i in range(kh):
+                py, oy = (i * dh) % sh, (i * dh) // sh
+                for j in range(kw):
+                    px, ox = (j * dw) % sw, (j * dw) // sw
+                    start = (c * nph + py * sw + px) * plane + oy * wq + ox
+                    src = buf[start:start + span]
+                    row = ((c * kh + i) * kw + j) * span
+                    dst = cols[row:row + span]
+                    for k in range(span):
+                        dst[k] = src[k]
+        _gemm(w2, g * og * kk, kk, cols, 0, span, acc, 0, span, og, span, kk, ab)
+        for oo in range(og):
+            o = g * og + oo
+            bv = bias[o] if has_bias else dt.type(0.0)
+            for yy in range(cnt):
+                orow = out[n, o, y0 + yy]
+                src = acc[oo * span + yy * wq:oo * span + yy * wq + wo]
+                for k in range(wo):
+                    orow[k] = src[k]
+                act_row(orow, bv, code)
+
+
+@njit(**OPTIONS)
 def reorder_taps(w, wt):
     """``wt[tap, o, c] = w[o, c, tap]`` (``w`` (O, C/g, kh * kw), ``wt`` (kh * kw, O, C/g)): the
     weights of :func:`shift_gemm`, read once in order (a NumPy transpose of the 4-D weights
@@ -446,7 +525,10 @@ def reorder_taps(w, wt):
 
 # -- the GEMM loops on numba's own threads ---------------------------------------------------------
 # One prange over ``pieces`` contiguous ranges of tasks, each range one call of a plain loop above
-# (compiled once, apart from these small wrappers). On numba's threads, not Python's: after every
+# (compiled once, apart from these small wrappers). The launchers set numba's chunk size to 1 around
+# the call (:func:`.conv.run_dynamic`: not in here, where it would make the loops uncacheable), so
+# the ranges are handed out one at a time: a thread whose core is busy with another library's
+# spinning threads takes fewer of them. On numba's threads, not Python's: after every
 # parallel region (the elementwise kernels between the convolutions) numba's OpenMP workers spin
 # for a while, and on 2 cores a Python thread started meanwhile waits for a core: ResNet-50's
 # convolutions ran a third slower on Python threads.
@@ -472,6 +554,14 @@ def par_im2col(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, cod
     for p in prange(pieces):
         im2col_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code,
                     tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(parallel=True, **OPTIONS)
+def par_phase(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, tasks, pieces):
+    """:func:`phase_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code,
+                   tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)

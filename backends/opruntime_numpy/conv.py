@@ -399,12 +399,30 @@ def is_not_depthwise(problem: Problem) -> bool | Refusal:
     return True
 
 
+def _phase_plan(problem: Problem, config: Any) -> tuple[int, int, int]:
+    """(wq, rows, tasks) of ``numba_im2col``'s strided path: the phase rows' length, output rows
+    per block (the block's columns and output within ``cols_bytes``; cut finer where the batch
+    gives the threads fewer than four tasks each) and the task count."""
+    _, cg, kh, kw = problem.shapes[1]
+    g = problem.attrs["groups"]
+    n, o, ho, _ = problem.out_shape
+    sw = problem.attrs["stride"][1]
+    pl, pr = problem.attrs["padding"][2:]
+    wq = -(-(problem.shapes[0][3] + pl + pr) // sw)
+    budget = (config or NUMBA_IM2COL_CONFIGS[0])["cols_bytes"]
+    want = -(-4 * jit.threads() // max(1, n * g))  # the stem at batch 1: 8 rows a task, 1.12 ms (21: 1.3)
+    rows = max(1, min(ho, budget // ((cg * kh * kw + o // g) * wq * itemsize(problem.dtype)), -(-ho // want)))
+    return wq, rows, n * g * -(-ho // rows)
+
+
 def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.conv2d.numba_im2col``: tasks (image, group, block of output
-    positions) split into one range per thread, each range one call of the nogil loop
-    (:func:`._nb_conv.im2col_gemm`: gather, BLAS in the calling thread, epilogue, all in cache),
-    scipy's BLAS held to one thread meanwhile (:mod:`._blas`). Where the BLAS threads cannot be
-    held (another BLAS), one range in the calling thread."""
+    positions or rows) cut into ranges run on numba's threads, each range one call of a plain
+    loop (gather or copy the block's columns, BLAS in the calling thread, epilogue, all in cache),
+    scipy's BLAS held to one thread meanwhile (:mod:`._blas`). Strided convolutions copy their
+    columns from the block's stride phases (:func:`._nb_conv.phase_gemm`), the others gather them
+    (:func:`._nb_conv.im2col_gemm`, no wide columns: best on small maps, 7 x 7). Where the BLAS
+    threads cannot be held (another BLAS), one range."""
     from . import _blas
 
     nb = jit.loops("_nb_conv")
@@ -417,19 +435,28 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
     g = problem.attrs["groups"]
     n, _, ho, wo = problem.out_shape
     dt = compute_dtype(problem.dtype)
-    block = _block(problem, config)
-    tasks = n * g * -(-(ho * wo) // block)
+    phased = (sh, sw) != (1, 1)
+    if phased:
+        wq, block, tasks = _phase_plan(problem, config)
+    else:
+        block = _block(problem, config)
+        tasks = n * g * -(-(ho * wo) // block)
     pieces = _pieces(tasks, problem)
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        x = np.ascontiguousarray(x, dt)
+        x = x.astype(dt, copy=False) if phased else np.ascontiguousarray(x, dt)
         w2 = np.ascontiguousarray(w, dt).reshape(o, cg * kh * kw)
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
         out = buffers.empty(problem.out_shape, dt)
         if out.size:
             with _blas.one_thread():
-                jit.call(nb.par_im2col, x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block, fused, tasks, pieces)
+                if phased:
+                    run_dynamic(nb.par_phase, x, w2.reshape(-1), b, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, block, g,
+                             fused, tasks, pieces)
+                else:
+                    run_dynamic(nb.par_im2col, x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block, fused, tasks,
+                             pieces)
             if code != fused:
                 jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
         return out.astype(problem.dtype, copy=False)
@@ -481,6 +508,21 @@ def _gemm_plan(problem: Problem, config: Any) -> tuple[bool, int, int]:
     return False, rows, n * g * -(-ho // rows)
 
 
+def run_dynamic(loop: Any, *args: Any) -> None:
+    """``loop(*args)`` (a ``parallel=True`` wrapper of :mod:`._nb_conv`) with numba's chunk size
+    1 in this thread for the call: its ranges are handed out one at a time (dynamic schedule), not
+    cut evenly among the threads up front. On 2 cores shared with other libraries' spinning
+    threads (torch's OpenMP, NumPy's BLAS) the even split waited for the slower thread: the 7x7
+    stem measured 1.4-8.5 ms from round to round, 1.6-3.3 with one range at a time."""
+    import numba
+
+    old = numba.set_parallel_chunksize(1)
+    try:
+        jit.call(loop, *args)
+    finally:
+        numba.set_parallel_chunksize(old)
+
+
 def _pieces(tasks: int, problem: Problem) -> int:
     """Ranges of tasks the GEMM loops run in parallel: :data:`PIECES_PER_THREAD` per thread, one
     for few flops (a parallel region's hand-off costs more) or where BLAS cannot be held to one
@@ -525,14 +567,14 @@ def prepare_numba_gemm(problem: Problem, config: Any) -> Any:
                 xs = np.ascontiguousarray(x, dt).reshape(n, c, h * wd)
                 wf = np.ascontiguousarray(w, dt).reshape(-1)
                 with _blas.one_thread():
-                    jit.call(nb.par_pointwise, xs, wf, b, out.reshape(n, o, ho * wo), g, block, fused, tasks, pieces)
+                    run_dynamic(nb.par_pointwise, xs, wf, b, out.reshape(n, o, ho * wo), g, block, fused, tasks, pieces)
             else:
                 xs = x.astype(dt, copy=False)
                 wt = np.empty((kh * kw, o, cg), dt)
                 jit.call(nb.reorder_taps, np.ascontiguousarray(w, dt).reshape(o, cg, kh * kw), wt)
                 wt = wt.reshape(-1)
                 with _blas.one_thread():
-                    jit.call(nb.par_shift, xs, wt, b, out, kh, kw, dh, dw, pt, pl, wp, block, g, fused, tasks, pieces)
+                    run_dynamic(nb.par_shift, xs, wt, b, out, kh, kw, dh, dw, pt, pl, wp, block, g, fused, tasks, pieces)
             if code != fused:
                 jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
         return out.astype(problem.dtype, copy=False)
