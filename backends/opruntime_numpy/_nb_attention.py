@@ -16,11 +16,14 @@ Causal tasks stop at their last row's key and pair query block ``p`` with block 
 so every task has the same number of key blocks. A row with every key masked gives zeros, a NaN in
 an additive mask a NaN row, as the operator's contract says. Batches and heads are read by index
 (``b % Bx``, ``h // (H // Hx)``: broadcasting and GQA without copies). q, k and v come in any
-layout (a GPT-2 block's are strided views of one qkv projection): a task copies its query rows
-(scaled) into a block of its own, and the keys and values of its head into contiguous buffers
-(BLAS operands) when the head differs from its previous task's (a range of tasks covers whole
-heads: about one copy per head, read once from memory as BLAS would read it, then in L2); the
-launcher made three whole copies before (32-40 ms of the block's 8x12x1024x64 attention). The
+layout: a task copies its query rows (scaled) into a block of its own, and the keys and values
+of its head into contiguous buffers (BLAS operands) when the head differs from its previous
+task's (a range of tasks covers whole heads: about one copy per head, read once from memory as
+BLAS would read it, then in L2). A head of a GPT-2 block's q, k or v (strided views of one qkv
+projection: a head's rows 9 KB apart) is read one row per 4 KB page, out of the prefetchers'
+reach (15 ms more than contiguous inputs on the block's 8x12x1024x64 attention), so the launcher
+first gathers such operands with :func:`gather`, in parallel and in their own memory order (each
+position's heads are adjacent there); NumPy's copy of the three took 17-40 ms. The
 output is written through ``out`` as given (the launcher passes a (B, L, H, Ev) array seen as
 (B, H, L, Ev), so that joining the heads after is a view, as torch's layout). float32 and float64
 natively; the launcher widens float16.
@@ -42,6 +45,25 @@ from ._nb_math import maxnum, radd
 from ._nb_rows import fexp
 
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
+
+
+@njit(**OPTIONS)
+def gather(src, dst, first, last):
+    """``dst`` (B, H, S, E), C-contiguous, = ``src`` (any strides) for the tasks ``first:last`` of
+    (batch, block of 64 positions): per position its heads one after another, which in a qkv
+    projection's layout is one contiguous run (reads that the prefetchers follow, writes to H
+    streams)."""
+    n_b, n_h, n_s, n_e = src.shape
+    blocks = (n_s + 63) // 64
+    for t in range(first, last):
+        b = t // blocks
+        s0 = (t % blocks) * 64
+        for i in range(s0, min(n_s, s0 + 64)):
+            for h in range(n_h):
+                a = src[b, h, i]
+                d = dst[b, h, i]
+                for e in range(n_e):
+                    d[e] = a[e]
 
 
 @njit(**OPTIONS)

@@ -127,9 +127,10 @@ def _tasks(problem: Problem, qblock: int) -> int:
 
 
 def prepare_numba(problem: Problem, config: Any) -> Any:
-    """The launcher of ``numpy.scaled_dot_product_attention.numba``: q, k, v as they come (the loop
-    copies each head's rows into blocks of its own: three whole copies of the strided q, k, v of a
-    GPT-2 block cost 32-40 ms here), the output a (B, L, H, Ev) array returned as its (B, H, L, Ev)
+    """The launcher of ``numpy.scaled_dot_product_attention.numba``: q, k, v as they come when
+    C-contiguous, else gathered in parallel in their own memory order (:func:`._nb_attention.gather`:
+    NumPy's copies of the strided q, k, v of a GPT-2 block took 17-40 ms, the loop reading them in
+    place 15 ms more than contiguous ones), the output a (B, L, H, Ev) array returned as its (B, H, L, Ev)
     view (as torch's: the heads joined after by a view, not a 25 MB copy), the tasks cut into contiguous
     pieces that the calling thread and the pool's threads take in turn (:func:`.conv.split`), each
     piece one call of the nogil loop, scipy's BLAS held to one thread meanwhile (:mod:`._blas`);
@@ -152,9 +153,29 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     flops = OPS["scaled_dot_product_attention"].flops(problem)
     spread = split(tasks, flops if flops >= NUMBA_SERIAL_FLOPS and _blas.controllable() else 0.0)
 
+    def contiguous(*arrays: np.ndarray) -> list[np.ndarray]:
+        """Each array itself when C-contiguous, else gathered by the threads in its memory order
+        into one block for all (from :func:`.buffers.empty`: a GPT-2 block's three 25 MB copies
+        into fresh arrays faulted their pages in, 24 ms against 6)."""
+        strided = [a for a in arrays if not a.flags.c_contiguous]
+        if not strided:
+            return list(arrays)
+        block = buffers.empty((sum(a.size for a in strided),), acc_t)
+        out, at = [], 0
+        for a in arrays:
+            if a.flags.c_contiguous:
+                out.append(a)
+                continue
+            dst = block[at:at + a.size].reshape(a.shape)
+            at += a.size
+            tasks = a.shape[0] * -(-a.shape[2] // 64)
+            split(tasks, a.size * 64.0)(nb.gather, a, dst)  # (a copy's flops: few elements stay in one thread)
+            out.append(dst)
+        return out
+
     @np.errstate(invalid="ignore", over="ignore", divide="ignore")
     def launch(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        q, k, v = (a.astype(acc_t, copy=False) for a in (q, k, v))
+        q, k, v = contiguous(*(a.astype(acc_t, copy=False) for a in (q, k, v)))
         if mask is None:
             mask = absent
         else:

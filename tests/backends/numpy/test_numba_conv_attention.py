@@ -99,6 +99,24 @@ def test_flash_attention_heads_as_views_of_one_projection():
     assert rel_err(out, ref) <= TOLERANCE["float32"]
 
 
+def test_flash_attention_gathers_strided_heads_and_answers_in_query_order():
+    """Pinned to the numba kernel: strided q / v (gathered into one pooled block) beside a contiguous
+    k, twice (the block reused), and the output in (B, L, H, E) memory, so that joining the heads
+    after is a view, as torch's."""
+    rng = np.random.default_rng(3)
+    qkv = opr.tensor(rng.standard_normal((2, 300, 3, 4, 32)).astype(np.float32)).permute(2, 0, 3, 1, 4)
+    k = opr.tensor(np.ascontiguousarray(qkv[1].numpy()))
+    a = qkv.numpy().astype(np.float64)
+    ref = OPS["scaled_dot_product_attention"].reference(a[0], a[1], a[2], is_causal=True)
+    with opr.override(ops={"scaled_dot_product_attention": {"kernel": "numpy.scaled_dot_product_attention.numba"}},
+                      strict=True):
+        for _ in range(2):
+            y = opr.scaled_dot_product_attention(qkv[0], k, qkv[2], is_causal=True)
+            assert rel_err(y.numpy(), ref) <= TOLERANCE["float32"]
+    joined = y.numpy().transpose(0, 2, 1, 3)
+    assert joined.flags.c_contiguous  # (B, L, H, E) memory: reshape to (B, L, H * E) is a view
+
+
 def test_flash_attention_is_chosen_on_the_cpu_suite_case():
     q = np.zeros((1, 4, 512, 64), np.float32)
     text = str(opr.explain("scaled_dot_product_attention", q, q, q, is_causal=True, device="cpu"))
