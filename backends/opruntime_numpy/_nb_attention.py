@@ -15,15 +15,13 @@ no more than one (query block x key block) tile of scores exists per task (it st
 Causal tasks stop at their last row's key and pair query block ``p`` with block ``nqb - 1 - p``,
 so every task has the same number of key blocks. A row with every key masked gives zeros, a NaN in
 an additive mask a NaN row, as the operator's contract says. Batches and heads are read by index
-(``b % Bx``, ``h // (H // Hx)``: broadcasting and GQA without copies). q, k and v come in any
-layout: a task copies its query rows (scaled) into a block of its own, and the keys and values
-of its head into contiguous buffers (BLAS operands) when the head differs from its previous
-task's (a range of tasks covers whole heads: about one copy per head, read once from memory as
-BLAS would read it, then in L2). A head of a GPT-2 block's q, k or v (strided views of one qkv
-projection: a head's rows 9 KB apart) is read one row per 4 KB page, out of the prefetchers'
-reach (15 ms more than contiguous inputs on the block's 8x12x1024x64 attention), so the launcher
-first gathers such operands with :func:`gather`, in parallel and in their own memory order (each
-position's heads are adjacent there); NumPy's copy of the three took 17-40 ms. The
+(``b % Bx``, ``h // (H // Hx)``: broadcasting and GQA without copies); q, k and v come
+C-contiguous (a head's key and value blocks are BLAS operands). A GPT-2 block's q, k and v are
+strided views of one qkv projection (a head's rows 9 KB apart): read in place, one row per 4 KB
+page, out of the prefetchers' reach, they cost 15 ms more than contiguous ones on the block's
+8x12x1024x64 attention (with each head's keys and values copied once per task range), so the
+launcher first gathers them with :func:`gather`, in parallel and in their own memory order
+(each position's heads are adjacent there: 8 ms for the three); NumPy's copies took 17-40. The
 output is written through ``out`` as given (the launcher passes a (B, L, H, Ev) array seen as
 (B, H, L, Ev), so that joining the heads after is a view, as torch's layout). float32 and float64
 natively; the launcher widens float16.
@@ -68,8 +66,8 @@ def gather(src, dst, first, last):
 
 @njit(**OPTIONS)
 def flash(q, k, v, mask, out, scale, causal, mask_kind, qblock, kblock, first, last):
-    """``out`` (B, H, L, Ev) from ``q`` (Bq, Hq, L, E), ``k`` (Bk, Hk, S, E), ``v`` (Bv, Hv, S, Ev)
-    (any strides) and ``mask`` (Bm, Hm, Lm, Sm; ``mask_kind`` 0 none, 1 boolean: True takes part,
+    """``out`` (B, H, L, Ev; any strides) from ``q`` (Bq, Hq, L, E), ``k`` (Bk, Hk, S, E), ``v``
+    (Bv, Hv, S, Ev) (C-contiguous) and ``mask`` (Bm, Hm, Lm, Sm; ``mask_kind`` 0 none, 1 boolean: True takes part,
     2 additive), for the tasks ``first:last`` (a task: (b, h, pair of query blocks))."""
     n_b, n_h, n_l, ev = out.shape
     bq, hq, _, e_dim = q.shape
@@ -87,29 +85,14 @@ def flash(q, k, v, mask, out, scale, causal, mask_kind, qblock, kblock, first, l
     m = np.empty(qblock, dt)
     lsum = np.empty(qblock, dt)
     sfull = np.empty((qblock, min(kblock, n_s)), dt)
-    kh = np.empty((n_s, e_dim), dt)  # the head's keys and values, contiguous (BLAS operands)
-    vh = np.empty((n_s, ev), dt)
-    held = -1  # the (batch, head) of k and v whose keys and values are in kh, vh
     for t in range(first, last):
         bh = t // per
         p = t % per
         b = bh // n_h
         h = bh % n_h
         qh = q[b % bq, h // (n_h // hq)]
-        kv = (b % bk) * hk + h // (n_h // hk)
-        if kv != held or bk != bv or hk != hv:  # (k and v broadcast alike: the usual case)
-            ks = k[b % bk, h // (n_h // hk)]
-            vs = v[b % bv, h // (n_h // hv)]
-            for j in range(n_s):
-                kj = ks[j]
-                kd = kh[j]
-                for e in range(e_dim):
-                    kd[e] = kj[e]
-                vj = vs[j]
-                vd = vh[j]
-                for c in range(ev):
-                    vd[c] = vj[c]
-            held = kv
+        kh = k[b % bk, h // (n_h // hk)]
+        vh = v[b % bv, h // (n_h // hv)]
         mh = mask[b % bm, h // (n_h // hm)]
         oh = out[b, h]
         for side in range(2 if causal and nqb - 1 - p != p else 1):
