@@ -10,6 +10,7 @@ This module re-exports only; the operators' functions come from ``opruntime.ops`
 
 from . import errors
 from ._version import __version__
+from .capture import capture
 from .config import configure, device, override, reload
 from .devices import Device
 from .hookspecs import DeviceProvider, hookimpl
@@ -24,7 +25,8 @@ from .tensor import Tensor, permute, reshape, tensor, transpose
 from .trace import trace
 
 __all__ = [
-    "FLOATS", "OPS", "__version__", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "concat", "configure", "device",
+    "FLOATS", "OPS", "__version__", "Device", "DeviceProvider", "Kernel", "Problem", "Tensor", "capture", "concat", "configure",
+    "device",
     "devices", "errors", "explain", "hookimpl", "override", "permute", "register", "registry", "reload", "reshape",
     "Mesh", "MeshTensor", "mesh",
     "tensor", "trace", "transpose", "unregister",

@@ -95,6 +95,11 @@ class KernelCompileError(KernelError):
         self.kernel, self.device, self.log = kernel, device, log
 
 
+class CaptureError(OpRuntimeError):
+    """A function given to :func:`opruntime.capture` that cannot be recorded as a device graph: it
+    reads results on the host, mixes devices, or returns something other than Tensors."""
+
+
 class OutOfMemoryError(OpRuntimeError, MemoryError):
     """The device could not allocate the memory a call needs (or the call's result is larger than
     the device's free memory: refused before any kernel runs)."""

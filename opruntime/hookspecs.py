@@ -294,6 +294,16 @@ class DeviceProvider(abc.ABC):
         """What identifies this device for the tuning cache: model, driver, runtime versions."""
         return {"name": self.name, "description": self.description}
 
+    # -- graphs ---------------------------------------------------------------------------
+    def capture(self, fn: Callable[[list[Any]], list[Any]], inputs: Sequence[Any]) -> DeviceGraph | None:
+        """Record the device work of ``fn(static)`` once as a graph that replays without the host
+        (:func:`opruntime.capture`): ``static`` are the device's own copies of ``inputs`` and
+        ``fn`` returns its result arrays. Return the :class:`DeviceGraph`, or None where the device
+        has no graphs (the default; the caller then runs eagerly). ``fn`` has run eagerly before
+        (plans made, kernels compiled); it queues work and never waits on it. Import the graph's
+        stack inside this method."""
+        return None
+
     # -- scale-out ------------------------------------------------------------------------
     def mesh_engine(self, members: Sequence[DeviceProvider]) -> MeshEngine | None:
         """The engine that moves data between ``members`` (this device first, then the others of a
@@ -306,6 +316,16 @@ class DeviceProvider(abc.ABC):
     def info(self) -> dict[str, str]:
         """Extra facts for ``opruntime info`` (memory, compute capability, extensions...)."""
         return {}
+
+
+class DeviceGraph(Protocol):
+    """What :meth:`DeviceProvider.capture` returns: recorded device work and the memory it owns."""
+
+    def run(self, inputs: Sequence[Any]) -> list[Any]:
+        """Copy ``inputs`` (arrays of the captured shapes and dtypes, any strides) into the graph's
+        own input buffers, replay the work on the device's current queue, and return new arrays
+        holding the results (copies: a later replay must not change a returned result)."""
+        ...
 
 
 class MeshEngine(Protocol):

@@ -18,6 +18,7 @@ the next candidate runs; in strict mode the error is raised instead.
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import logging
 import math
@@ -157,6 +158,8 @@ def rank(problem: Problem, device: Device, s: Settings) -> tuple[list[Candidate]
 
 
 _announced: set[str] = set()
+#: True while this thread / task records a device graph (``opruntime.capture``)
+capturing: contextvars.ContextVar[bool] = contextvars.ContextVar("opruntime_capturing", default=False)
 
 
 def announce(s: Settings, msg: str, exc: BaseException | None = None) -> None:
@@ -335,7 +338,11 @@ class Plan:
         return None
 
     def _drop(self, failed: Candidate, exc: Exception) -> None:
-        """Drop ``failed`` for this problem, unless another thread already did; announce it."""
+        """Drop ``failed`` for this problem, unless another thread already did; announce it. While a
+        device graph is being recorded (:func:`opruntime.capture`) nothing is dropped: the error
+        ends the recording (a kernel that cannot be recorded may still be the best one eagerly)."""
+        if capturing.get():
+            raise exc
         with self._lock:
             if not self.order or self.order[0] is not failed:
                 return  # another thread saw it fail first and moved on

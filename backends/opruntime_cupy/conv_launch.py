@@ -256,7 +256,7 @@ def _batched_gemm(dtype: str, n: int, g: int, kg: int, k: int, pq: int) -> Calla
     w (g, kg, k), cols (n, g, k, pq) and y (n, g * kg, pq) contiguous: one strided-batched cuBLAS
     call per group, the weight shared by the batch (stride 0). ``cupy.matmul`` broadcasts a
     shared operand with ~200 us of host work per call on the H100's host, more than the GEMM."""
-    from cupy.cuda import cublas, device
+    from cupy.cuda import cublas, device, stream
 
     dt, compute = CUBLAS_TYPES[dtype]
     isz = itemsize(dtype)
@@ -265,6 +265,7 @@ def _batched_gemm(dtype: str, n: int, g: int, kg: int, k: int, pq: int) -> Calla
 
     def gemm(w: Any, cols: Any, y: Any) -> None:
         handle = device.get_cublas_handle()
+        cublas.setStream(handle, stream.get_current_stream().ptr)  # CuPy's shared handle: its last stream
         alpha, beta = one.ctypes.data, zero.ctypes.data  # (naming the arrays here keeps them alive)
         a, b, c = cols.data.ptr, w.data.ptr, y.data.ptr
         for gi in range(g):  # column-major: y^T (pq x kg) = cols^T (pq x k) . w^T (k x kg)

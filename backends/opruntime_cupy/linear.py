@@ -8,17 +8,12 @@
 * ``cublas``: cuBLAS through ``cupy.matmul(x, weight.T)`` (a transposed GEMM, no copy), then ONE
   fused in-place pass adding the bias and applying the activation (``linear.cu``, 16-byte
   vectors); the vendor baseline for every activation.
-* ``cublaslt``: cuBLASLt's own epilogues through nvmath-python (``nvmath.linalg.advanced.Matmul``,
-  planned once in ``prepare``): BIAS, RELU_BIAS, GELU_BIAS (and RELU / GELU without a bias).
-  cuBLASLt's GELU is the tanh approximation, so it serves activation None, ``"relu"`` and
-  ``"gelu_tanh"`` only. Absent (``supports`` is False, :func:`nvmath_missing` says why) when
-  nvmath-python is not importable. With a bias the GEMM is run transposed
-  (``weight @ x.T``, the bias along its rows, as cuBLASLt wants it): its column-major result's
-  transpose is the row-major output, with no copy. The plan is made on stand-in operands 16 bytes
-  off a 256-byte boundary, so cuBLASLt's heuristic assumes 16-byte aligned operands (nvmath takes
-  the alignment from the planning pointers); a call's operand off that alignment (an offset view)
-  is copied to an aligned buffer of the same strides. Planned at the stand-ins' 256 bytes, an
-  offset float16 / bfloat16 operand failed on the H100 with ``CUBLAS_STATUS_NOT_SUPPORTED``.
+* ``cublaslt``: one ``cublasLtMatmul`` with cuBLASLt's own epilogue (BIAS, RELU_BIAS, GELU_BIAS,
+  and RELU / GELU without a bias), torch's ``F.linear`` call (``cublaslt.py``: the descriptors and
+  the algorithm for each operand alignment planned once). cuBLASLt's GELU is the tanh
+  approximation: exact gelu and silu run as the BIAS epilogue and one in-place activation pass.
+  Absent (``supports`` refuses, :func:`nvmath_missing` says why) when nvmath-python's bindings or
+  the library cannot be loaded.
 """
 
 from __future__ import annotations
@@ -26,24 +21,19 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable, Mapping
-from functools import cache
 from typing import Any
 
-from opruntime.kernels import Attrs, Kernel, Problem, c_strides, itemsize
+from opruntime.kernels import Attrs, Kernel, Problem, Refusal, c_strides, itemsize
 
 from . import compile as cc
+from . import cublaslt, memory
 from . import matmul as mm
-from . import memory
 from .conv_launch import DTYPE_CODE
 from .cudnn import ALIGN
 from .cudnn import like as aligned
 from .epilogue import ACT
 from .matmul_launch import WGMMA_B_DESC, gemm_nt, launcher
 
-#: cuBLASLt epilogues by (activation, bias?); gelu (exact, erf) and silu have none
-NVMATH_EPILOG = {(None, True): "BIAS", ("relu", True): "RELU_BIAS", ("gelu_tanh", True): "GELU_BIAS",
-                 ("relu", False): "RELU", ("gelu_tanh", False): "GELU"}
-HOST_NVMATH = 40e-6  # host seconds per call: nvmath's reset_operands + execute (Python)
 EPILOGUE_THREADS = 256
 
 
@@ -72,9 +62,6 @@ def epilogue_defines(problem: Problem) -> dict[str, int]:
 #: MMA fragments' order, so it costs far more than its arithmetic. A GEMM with a short K then loses
 #: to cuBLAS plus one bias + activation pass, and the cost model must say so.
 EPILOGUE_S_PER_ELEMENT = 5e-12
-#: cuBLASLt through nvmath against cuBLAS through CuPy, same problem, measured on an H100: fp16
-#: 8192 x 3072 x 768 + bias, 350.7 us against 103.5 us (nvmath's plan, not its host cost)
-CUBLASLT_SLOWDOWN = 3.4
 
 
 def _epilogue_seconds(problem: Problem) -> float:
@@ -192,90 +179,84 @@ def supports_cublas(problem: Problem) -> bool:
     return mm.supports_cublas(as_matmul(problem))
 
 
-# -- cuBLASLt epilogues through nvmath-python ------------------------------------------------------
-@cache
+# -- cuBLASLt with its own epilogues (cublaslt.py) --------------------------------------------------
 def nvmath_missing() -> str:
-    """Why the cuBLASLt kernel is absent ("" when nvmath-python imports)."""
-    try:
-        import nvmath.linalg.advanced  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel absent
-        return f"nvmath-python is not importable ({type(exc).__name__}: {exc}); pip install nvmath-python"
-    return ""
+    """Why the cuBLASLt kernel is absent ("" when cuBLASLt is callable through nvmath's bindings)."""
+    return cublaslt.missing()
 
 
 def supports_cublaslt(problem: Problem) -> bool:
-    """nvmath importable, and an epilogue cuBLASLt has (its GELU is the tanh approximation)."""
+    """cuBLASLt callable, a bias or an activation (a plain GEMM is matmul's), operands it reads in place
+    (one unit stride each), and k > 0."""
     act, has_bias = problem.attrs["activation"], problem.attrs["bias"]
     if act is None and not has_bias:
-        return False  # a plain GEMM: matmul's kernels and cuBLAS serve it
+        return Refusal("a plain GEMM: matmul's kernels and cuBLAS serve it")
     for shape, strides in zip(problem.shapes[:2], problem.strides[:2]):
-        if strides is not None and not _nvmath_layout(shape, strides):
-            return False
-    return (act, has_bias) in NVMATH_EPILOG and not nvmath_missing() and supports_cublas(problem)
-
-
-def _nvmath_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """A matrix nvmath lays out for cuBLASLt: row- or column-major (one unit stride, a size-1 dim
-    counting as one), no negative stride."""
-    if any(st < 0 for n, st in zip(shape, strides) if n > 1):
-        return False
-    return any(n == 1 or st == 1 for n, st in zip(shape, strides))
+        if not cublaslt.layout_ok(shape, strides):
+            return Refusal("an operand with no unit stride")
+    if problem.shapes[0][1] == 0:
+        return Refusal("k = 0")
+    if why := nvmath_missing():
+        return Refusal(why)
+    return supports_cublas(problem)
 
 
 def prepare_cublaslt(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
-    """Plan the cuBLASLt matmul with its epilogue once (on stand-in operands of the problem's
-    layout); a call resets the operands to the given arrays and executes."""
+    """Plan the cuBLASLt GEMM with its epilogue once (:class:`cublaslt.GemmNT`); a call allocates the
+    result and issues one ``cublasLtMatmul``, then, for an activation cuBLASLt has not (exact gelu,
+    silu), one in-place activation pass (the bias stays in cuBLASLt's epilogue). A bias that is
+    strided or off 16 bytes is copied."""
     import cupy
-    from nvmath.linalg.advanced import Matmul, MatmulEpilog
 
     dev = problem.device.provider.index
     act, has_bias = problem.attrs["activation"], problem.attrs["bias"]
-    epilog = getattr(MatmulEpilog, NVMATH_EPILOG[(act, has_bias)])
     (m, k), (n, _) = problem.shapes[:2]
-    dt = memory.bfloat16() if problem.dtype == "bfloat16" else problem.dtype
     sx, sw = problem.strides[:2]
-
-    def stand_in(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> Any:
-        """Zeros of ``shape`` with the problem's element strides (the layout is part of the plan)
-        at an address exactly 16-byte aligned (so is the alignment the plan assumes)."""
-        strides = c_strides(shape) if strides is None else strides
-        span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, strides))
-        isz = itemsize(problem.dtype)
-        base = cupy.zeros(span + (ALIGN + 256) // isz, dt)
-        start = (-base.data.ptr % 256 + ALIGN) // isz
-        return cupy.lib.stride_tricks.as_strided(base[start:], shape, tuple(st * isz for st in strides))
-
+    label = "cupy.linear.cublaslt"
+    fused = (act, has_bias) in cublaslt.EPILOGUE
+    apply = None if fused else epilogue_pass(problem, (m, n), 1, n, False, act, label)
     with cupy.cuda.Device(dev):
-        x0, w0 = stand_in((m, k), sx), stand_in((n, k), sw)
-        if has_bias:  # D (N x M) = w @ x.T, the bias along D's rows; D is column-major: D.T is row-major
-            mmo = Matmul(w0, x0.T)
-            mmo.plan(epilog=epilog, epilog_inputs={"bias": stand_in((n,), (1,))})
-        else:
-            mmo = Matmul(x0, w0.T)
-            mmo.plan(epilog=epilog)
+        gemm = cublaslt.GemmNT(problem.dtype, dev, m, n, k, sx or c_strides((m, k)), sw or c_strides((n, k)),
+                               act if fused else None, has_bias) if m and n else None
     getdev = cupy.cuda.runtime.getDevice
-    x_st, w_st = sx or c_strides((m, k)), sw or c_strides((n, k))
 
     def launch(x: Any, w: Any, bias: Any = None) -> Any:
         if getdev() != dev:
             with cupy.cuda.Device(dev):
                 return launch(x, w, bias)
-        x, w = aligned(x, x_st), aligned(w, w_st)  # (a copy only off 16 bytes: the plan's alignment)
-        if has_bias:
-            bias = aligned(bias, (1,))
-            mmo.reset_operands(a=w, b=x.T, epilog_inputs={"bias": bias})  # keyword-only in nvmath
-            y = mmo.execute().T
-        else:
-            mmo.reset_operands(a=x, b=w.T)
-            y = mmo.execute()
-        return y if y.flags.c_contiguous else cupy.ascontiguousarray(y)
+        y = memory.empty((m, n), x.dtype, label)
+        if gemm is not None:
+            if has_bias and ((bias.strides[0] != bias.itemsize and n > 1) or bias.data.ptr % ALIGN):
+                bias = aligned(bias, (1,))
+            gemm(x, w, bias if has_bias else None, y)
+            if apply is not None:
+                apply(y, None)
+        return y
 
-    launch.matmul = mmo  # type: ignore[attr-defined]  (kept alive with the launcher)
+    launch.gemm = gemm  # type: ignore[attr-defined]  (kept alive with the launcher)
     return launch
 
 
+#: host seconds of a cuBLASLt call (the result's allocation, ``cublasLtMatmul``'s own host path,
+#: and a memset it queues for its cooperative kernels: 24-32 us measured on the H100's host)
+HOST_LT = 25e-6
+#: cuBLASLt's fp16 / bf16 kernels on Hopper are persistent (no wave quantisation): their time is the
+#: work at a fraction of the tensor peak that grows with K, fitted on the H100 (fp16, bias epilogue):
+#: 8192 x 768 x 2304 in 56 us (0.52), 8192 x 3072 x 768 in 59 us (0.67), 4096^3 + gelu_tanh in 192 us
+#: (0.72); 8192 x 768 x 3072 + gelu_tanh in 76 us (0.51, the activation included)
+LT_EFF, LT_EFF_K = 0.75, 350.0
+
+
 def cost_cublaslt(problem: Problem, config: Mapping[str, Any]) -> float:
-    return max(CUBLASLT_SLOWDOWN * mm.cost_cublas(as_matmul(problem), config), HOST_NVMATH)
+    (m, k), (n, _) = problem.shapes[:2]
+    if problem.dtype not in ("float16", "bfloat16"):
+        t = mm.cost_cublas(as_matmul(problem), config)
+    else:
+        peak = problem.device.provider.figures()[1]
+        t = 2.0 * m * n * k / (peak * LT_EFF * k / (k + LT_EFF_K)) + mm.GPU_LAUNCH
+    if (problem.attrs["activation"], problem.attrs["bias"]) not in cublaslt.EPILOGUE:  # the activation pass
+        t += 2.0 * m * n * itemsize(problem.dtype) / problem.device.provider.figures()[2] + mm.GPU_LAUNCH
+    return max(t, HOST_LT)
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -294,7 +275,7 @@ def kernels() -> list[Kernel]:
                cost=cost_cublas, vendor=True, source="cupy.matmul (cuBLAS) + " + cc.source("linear.cu")),
         Kernel("linear", "cupy.linear.cublaslt", "cuda", frozenset({"float16", "bfloat16", "float32"}),
                prepare=prepare_cublaslt, supports=supports_cublaslt, cost=cost_cublaslt, vendor=True,
-               source="nvmath.linalg.advanced.Matmul epilog BIAS / RELU_BIAS / GELU_BIAS / RELU / GELU"),
+               source="cublasLtMatmul (nvmath.bindings.cublasLt), epilogue BIAS / RELU_BIAS / GELU_BIAS / RELU / GELU"),
         Kernel("linear", "cupy.linear.simt", "cuda", f32, prepare=_own("simt", False), supports=_via(mm.supports_simt),
                cost=simt, configs=mm.SIMT_CONFIGS, config_for=_ranked(mm.SIMT_CONFIGS, simt), source=sgemm),
         Kernel("linear", "cupy.linear.simt_generic", "cuda", f32, prepare=_own("simt", True),

@@ -162,9 +162,21 @@ def cost_mma(problem: Problem, cfg: Mapping[str, Any], generic: bool = False) ->
     return max(t * (3.0 if generic else 1.0), HOST_OWN)
 
 
+#: device seconds each wave of the wgmma kernel's tiles costs beyond its MMAs (the pipeline's fill
+#: and the epilogue's stores, not overlapped with the next tile): on the H100, fp16 8192 x 768 x 2304
+#: (K = 768, 9 waves of 128 x 128 tiles) ran in 84 us where the MMAs alone model 56 us. It decides
+#: short-K GEMMs (a transformer's linears), where cuBLASLt's persistent kernels win.
+WGMMA_WAVE_S = 3e-6
+
+
 def cost_wgmma(problem: Problem, cfg: Mapping[str, Any]) -> float:
     g = geometry(problem, 8)
-    return max(_tiled_time(problem, g, cfg["BM"], cfg["BN"], cfg["BK"], cfg["occ"], cfg["eff"]), HOST_OWN)
+    t = _tiled_time(problem, g, cfg["BM"], cfg["BN"], cfg["BK"], cfg["occ"], cfg["eff"])
+    if g is not None:
+        sms = _figures(problem)[3]
+        tiles = -(-g.M // cfg["BM"]) * -(-g.N // cfg["BN"]) * g.batch
+        t += -(-tiles // (sms * cfg["occ"])) * WGMMA_WAVE_S
+    return max(t, HOST_OWN)
 
 
 def cost_cublas(problem: Problem, cfg: Mapping[str, Any]) -> float:

@@ -270,6 +270,7 @@ def gemm_nt(dtype: str, dev: int) -> Callable[[Any, Any, Any], bool]:
     with cupy.cuda.Device(dev):
         handle = cupy.cuda.device.get_cublas_handle()
     isz = np.dtype(scalar).itemsize if dtype in ("float32", "float64") else 2
+    stream_ptr = cupy.cuda.get_current_stream
 
     def lead(a: Any, k: int) -> int:
         """The row stride in elements as cuBLAS's leading dim (any value >= k for one row), or 0."""
@@ -285,7 +286,9 @@ def gemm_nt(dtype: str, dev: int) -> Callable[[Any, Any, Any], bool]:
         lx, lw = lead(x, k), lead(w, k)
         if not (lx and lw) or max(m, n, k, lx, lw) >= 2**31:
             return False
-        # row-major y = x w^T is column-major y^T = w x^T: cuBLAS's (T, N) product of the same buffers
+        # row-major y = x w^T is column-major y^T = w x^T: cuBLAS's (T, N) product of the same buffers,
+        # on the current stream (the handle is CuPy's, shared: its stream is whatever was set last)
+        cublas.setStream(handle, stream_ptr().ptr)
         cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, alpha, w.data.ptr, dt, lw,
                       x.data.ptr, dt, lx, beta, y.data.ptr, dt, n, ct, -1)
         return True

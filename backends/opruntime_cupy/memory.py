@@ -261,6 +261,12 @@ class CudaDevice(DeviceProvider):
             "cupy": self._cupy.__version__,
         }
 
+    def capture(self, fn: Callable[[list[Any]], list[Any]], inputs: Any) -> Any:
+        """A CUDA graph of ``fn`` on this device (``graph.CudaGraph``: a private stream and pool)."""
+        from .graph import CudaGraph
+
+        return CudaGraph(self.index, fn, inputs)
+
     def mesh_engine(self, members: Any) -> Any:
         """NCCL communicators over the members (``mesh.CudaMesh``), made once per mesh."""
         from .mesh import CudaMesh

@@ -206,14 +206,15 @@ def test_cuda_linear_table_supports_and_costs_read_the_provider():
 
 @pytest.mark.parametrize(("activation", "bias", "ok"), [
     (None, True, True), ("relu", True, True), ("gelu_tanh", True, True), ("relu", False, True),
-    ("gelu", True, False), ("silu", True, False), (None, False, False)])
-def test_cublaslt_serves_only_its_own_epilogues(monkeypatch, activation, bias, ok):
-    """cuBLASLt's GELU is the tanh approximation: exact gelu and silu are not its to compute."""
+    ("gelu", True, True), ("silu", False, True), (None, False, False)])
+def test_cublaslt_serves_every_epilogue_but_the_plain_gemm(monkeypatch, activation, bias, ok):
+    """cuBLASLt's GELU is the tanh approximation: exact gelu and silu are its BIAS epilogue and one
+    activation pass; a plain GEMM is matmul's."""
     from opruntime_cupy import linear
 
     monkeypatch.setattr(linear, "nvmath_missing", lambda: "")
     monkeypatch.setattr(linear, "supports_cublas", lambda p: True)
-    assert linear.supports_cublaslt(_problem((8, 16), (4, 16), bias, "float16", activation)) is ok
+    assert bool(linear.supports_cublaslt(_problem((8, 16), (4, 16), bias, "float16", activation))) is ok
     monkeypatch.setattr(linear, "nvmath_missing", lambda: "nvmath-python is not importable")
     assert not linear.supports_cublaslt(_problem((8, 16), (4, 16), True, "float16", "relu"))
 

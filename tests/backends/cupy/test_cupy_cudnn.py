@@ -484,8 +484,9 @@ def test_conv_strided_and_misaligned_operands(cp, cuda, rng):
 
 @pytest.mark.gpu
 def test_cublaslt_linear_on_misaligned_operands(cp, cuda, rng):
-    """The plan assumes 16-byte aligned operands; an operand off that alignment is copied to an
-    aligned buffer of its strides (it failed with CUBLAS_STATUS_NOT_SUPPORTED on the H100)."""
+    """cuBLASLt's heuristic assumes 256-byte aligned operands unless told: a call on operands off
+    16 bytes (element-aligned views) runs the algorithm planned for their alignment (an algorithm
+    planned for 256 bytes failed with CUBLAS_STATUS_NOT_SUPPORTED on the H100)."""
     from opruntime_cupy import linear
 
     if linear.nvmath_missing():
