@@ -433,6 +433,33 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
 
 
 @njit(**OPTIONS)
+def _tapped(phase, k, d, s):
+    """Whether some tap ``i < k`` reads stride phase ``phase``: ``(i * d) % s == phase`` (a 1x1
+    stride-2 conv reads one phase of four: the others are never filled)."""
+    for i in range(k):
+        if (i * d) % s == phase:
+            return True
+    return False
+
+
+@njit(**OPTIONS)
+def _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span):
+    """The block's columns (C/g * kh * kw, span) from its phase planes: per (channel, tap), one
+    contiguous copy of ``span`` values of the tap's phase, shifted by the tap's offset."""
+    for c in range(cg):
+        for i in range(kh):
+            py, oy = (i * dh) % sh, (i * dh) // sh
+            for j in range(kw):
+                px, ox = (j * dw) % sw, (j * dw) // sw
+                start = (c * nph + py * sw + px) * plane + oy * wq + ox
+                src = buf[start:start + span]
+                row = ((c * kh + i) * kw + j) * span
+                dst = cols[row:row + span]
+                for k in range(span):
+                    dst[k] = src[k]
+
+
+@njit(**OPTIONS)
 def phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, first, last):
     """Strided conv2d as im2col + GEMM with the columns copied in long contiguous runs: ``x``
     (N, C, H, W) any strides, ``w2`` (O * C/g * kh * kw) flat in its own order, ``out`` (N, O, Ho,
@@ -471,9 +498,13 @@ def phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, group
         for c in range(cg):
             xc = x[n, g * cg + c]
             for py in range(sh):
+                if not _tapped(py, kh, dh, sh):
+                    continue
                 for q in range(cnt + halo):
                     iy = (y0 + q) * sh + py - pt
                     for px in range(sw):
+                        if not _tapped(px, kw, dw, sw):
+                            continue
                         dst = buf[(c * nph + py * sw + px) * plane + q * wq:(c * nph + py * sw + px) * plane + (q + 1) * wq]
                         if 0 <= iy < h:
                             src = xc[iy]
@@ -488,18 +519,11 @@ def phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, group
                         else:
                             for k in range(wq):
                                 dst[k] = 0
-        for c in range(cg):
-            for i in range(kh):
-                py, oy = (i * dh) % sh, (i * dh) // sh
-                for j in range(kw):
-                    px, ox = (j * dw) % sw, (j * dw) // sw
-                    start = (c * nph + py * sw + px) * plane + oy * wq + ox
-                    src = buf[start:start + span]
-                    row = ((c * kh + i) * kw + j) * span
-                    dst = cols[row:row + span]
-                    for k in range(span):
-                        dst[k] = src[k]
-        _gemm(w2, g * og * kk, kk, cols, 0, span, acc, 0, span, og, span, kk, ab)
+        if kh * kw == 1:  # a 1x1 conv's columns are its phase (0, 0) rows: the GEMM reads them in place
+            _gemm(w2, g * og * kk, kk, buf, 0, nph * plane, acc, 0, span, og, span, kk, ab)
+        else:
+            _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span)
+            _gemm(w2, g * og * kk, kk, cols, 0, span, acc, 0, span, og, span, kk, ab)
         for oo in range(og):
             o = g * og + oo
             bv = bias[o] if has_bias else dt.type(0.0)
@@ -509,6 +533,54 @@ def phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, group
                 for k in range(wo):
                     orow[k] = src[k]
                 act_row(orow, bv, code)
+
+
+@njit(**OPTIONS)
+def batch_columns(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, first, last):
+    """The columns of the whole batch: ``cols`` (C * kh * kw, N * Ho * Wo) (image-major positions)
+    from ``x`` (N, C, H, W) any strides, zeros for the padding; one task per (image, channel),
+    tasks ``first:last``. A 1x1 conv with stride 1 and no padding copies whole planes."""
+    c_in, h, wd = x.shape[1], x.shape[2], x.shape[3]
+    hw = ho * wo
+    for t in range(first, last):
+        n = t // c_in
+        c = t - n * c_in
+        xc = x[n, c]
+        for i in range(kh):
+            for j in range(kw):
+                _gather(cols[(c * kh + i) * kw + j], xc, n * hw, hw, 0, wo, sh, sw, i * dh - pt, j * dw - pl, h, wd)
+
+
+@njit(**OPTIONS)
+def batch_gemm(w2, cols, bias, out, mb, code, first, last):
+    """``out[:, block] = w2[block] @ cols`` for blocks of ``mb`` output channels, tasks
+    ``first:last``: one BLAS call per block over the whole batch's positions (the weights packed
+    once per block, where a GEMM per image packs them once per image: on 7 x 7 maps they
+    outweigh its 49 columns), then the block's rows scattered into ``out`` (N, O, Ho * Wo) with
+    the bias and activation (:data:`FUSED`) while they are in cache."""
+    o_out, kk = w2.shape
+    n_img, hw = out.shape[0], out.shape[2]
+    npos = n_img * hw
+    has_bias = bias.shape[0] > 0
+    dt = out.dtype
+    acc = np.empty(mb * npos, dt)
+    ab = np.zeros(2, dt)
+    ab[0] = 1
+    wf = w2.reshape(-1)
+    cf = cols.reshape(-1)
+    for t in range(first, last):
+        m0 = t * mb
+        m = min(mb, o_out - m0)
+        _gemm(wf, m0 * kk, kk, cf, 0, npos, acc, 0, npos, m, npos, kk, ab)
+        for oo in range(m):
+            o = m0 + oo
+            bv = bias[o] if has_bias else dt.type(0.0)
+            for n in range(n_img):
+                dst = out[n, o]
+                src = acc[oo * npos + n * hw:oo * npos + (n + 1) * hw]
+                for k in range(hw):
+                    dst[k] = src[k]
+                act_row(dst, bv, code)
 
 
 @njit(**OPTIONS)
@@ -562,6 +634,20 @@ def par_phase(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups
     for p in prange(pieces):
         phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code,
                    tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(parallel=True, **OPTIONS)
+def par_batch_columns(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, tasks, pieces):
+    """:func:`batch_columns` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        batch_columns(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(parallel=True, **OPTIONS)
+def par_batch_gemm(w2, cols, bias, out, mb, code, tasks, pieces):
+    """:func:`batch_gemm` over ``tasks`` blocks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        batch_gemm(w2, cols, bias, out, mb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)

@@ -399,6 +399,12 @@ def is_not_depthwise(problem: Problem) -> bool | Refusal:
     return True
 
 
+#: output positions (the GEMM's N) per block of ``numba_im2col``'s strided path at least, where the
+#: map allows: fewer stream the whole weight matrix for little work (1024 -> 2048 1x1 stride 2 on
+#: 4 x 14 x 14, 4 rows of 7 a task: 6.3 ms, whole images: 4.1)
+MIN_POSITIONS = 128
+
+
 def _phase_plan(problem: Problem, config: Any) -> tuple[int, int, int]:
     """(wq, rows, tasks) of ``numba_im2col``'s strided path: the phase rows' length, output rows
     per block (the block's columns and output within ``cols_bytes``; cut finer where the batch
@@ -411,7 +417,8 @@ def _phase_plan(problem: Problem, config: Any) -> tuple[int, int, int]:
     wq = -(-(problem.shapes[0][3] + pl + pr) // sw)
     budget = (config or NUMBA_IM2COL_CONFIGS[0])["cols_bytes"]
     want = -(-4 * jit.threads() // max(1, n * g))  # the stem at batch 1: 8 rows a task, 1.12 ms (21: 1.3)
-    rows = max(1, min(ho, budget // ((cg * kh * kw + o // g) * wq * itemsize(problem.dtype)), -(-ho // want)))
+    rows = min(budget // ((cg * kh * kw + o // g) * wq * itemsize(problem.dtype)), -(-ho // want))
+    rows = max(1, min(ho, max(rows, -(-MIN_POSITIONS // wq))))
     return wq, rows, n * g * -(-ho // rows)
 
 
@@ -607,6 +614,75 @@ def numba_gemm_cost(problem: Problem, config: Any) -> float:
     return _flops(problem) * wide / rate + moved / PASS_BYTES + 2e-5
 
 
+#: bytes per second of columns gathered for the whole batch (short runs, a buffer past the caches;
+#: fitted low so that ``numba_batch`` is only picked where it measured clearly faster inside
+#: ResNet-50: 1x1 convs with large weights on 7 x 7 outputs, not 2048 -> 512 (2.3 ms, numba_gemm
+#: 2.0), nor 256 channels 3x3 stride 2 on 28 x 28 (6.8 ms, numba_im2col 4.5))
+GATHER_BYTES = 1.5e9
+#: output channels per block of ``numpy.conv2d.numba_batch`` the tuner tries (heuristic: the first)
+NUMBA_BATCH_CONFIGS = ({"channels": 64}, {"channels": 128}, {"channels": 32})
+
+
+def is_ungrouped(problem: Problem) -> bool | Refusal:
+    """``numba_batch`` takes convolutions without groups (one GEMM's weights for the batch)."""
+    if problem.attrs["groups"] != 1:
+        return Refusal("grouped: numba_gemm / numba_im2col")
+    return True
+
+
+def prepare_numba_batch(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.conv2d.numba_batch``: the columns of the whole batch, (C * kh * kw,
+    N * Ho * Wo), gathered in parallel (:func:`._nb_conv.batch_columns`), then one GEMM per block
+    of output channels over every position of the batch, the blocks spread over numba's threads
+    (:func:`._nb_conv.batch_gemm`: the weights packed once, not once per image), each block
+    scattered into the output with the bias and activation."""
+    from . import _blas
+
+    nb = jit.loops("_nb_conv")
+    nbe = jit.loops("_nb_elementwise")
+    code = nbe.CODES[problem.attrs.get("activation")]
+    fused = code if code in nb.FUSED else 0
+    (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
+    pt, _, pl, _ = problem.attrs["padding"]
+    n, c, _, _ = problem.shapes[0]
+    o, _, kh, kw = problem.shapes[1]
+    _, _, ho, wo = problem.out_shape
+    dt = compute_dtype(problem.dtype)
+    mb = (config or NUMBA_BATCH_CONFIGS[0])["channels"]
+    blocks = -(-o // mb)
+    col_pieces, gemm_pieces = _pieces(n * c, problem), _pieces(blocks, problem)
+
+    @np.errstate(over="ignore", invalid="ignore")
+    def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        x = x.astype(dt, copy=False)
+        w2 = np.ascontiguousarray(w, dt).reshape(o, -1)
+        b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
+        out = buffers.empty(problem.out_shape, dt)
+        if out.size:
+            cols = np.empty((c * kh * kw, n * ho * wo), dt)
+            run_dynamic(nb.par_batch_columns, x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, n * c, col_pieces)
+            with _blas.one_thread():
+                run_dynamic(nb.par_batch_gemm, w2, cols, b, out.reshape(n, o, ho * wo), mb, fused, blocks,
+                            gemm_pieces)
+            if code != fused:
+                jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
+        return out.astype(problem.dtype, copy=False)
+
+    return jit.first_use("numpy.conv2d.numba_batch", launch)
+
+
+def numba_batch_cost(problem: Problem, config: Any) -> float:
+    """The GEMMs at :data:`BLOCK_GEMM_PEAK` (every position of the batch in each: N is large;
+    slower on blocks of few channels), the columns gathered run by run into a buffer past the
+    caches (:data:`GATHER_BYTES`) and the output written once. Measured at batch 4: 1.6 ms for
+    512 -> 2048 1x1 on 7 x 7 (numba_gemm 1.9), 4.7 ms for 512 channels 3x3 on 7 x 7 (numba_im2col
+    4.8), 3.4 ms for 1024 -> 2048 1x1 stride 2 on 14 x 14 (4.3); on large maps the columns
+    dominate (13.6 ms for 64 channels 3x3 on 56 x 56, numba_gemm 3.7)."""
+    mb = min(problem.shapes[1][0], (config or NUMBA_BATCH_CONFIGS[0])["channels"])
+    rate = BLOCK_GEMM_PEAK * min(1.0, mb / 128.0) ** 0.25
+    return _flops(problem) / rate + _cols_bytes(problem) / GATHER_BYTES + _out_bytes(problem) / PASS_BYTES + 3e-5
+
+
 def numba_depthwise_cost(problem: Problem, config: Any) -> float:
     """One read of the input and one write of the output; the taps from cache."""
     return roofline(_flops(problem), _bytes(problem), CPU_FLOPS, CPU_BYTES * 1.5, 1e-5)
@@ -637,6 +713,9 @@ def kernels() -> list[Kernel]:
                 Kernel("conv2d", "numpy.conv2d.numba_gemm", "cpu", FLOATS, prepare=prepare_numba_gemm,
                        supports=is_unit_stride, cost=numba_gemm_cost,
                        configs=NUMBA_GEMM_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_gemm")),
+                Kernel("conv2d", "numpy.conv2d.numba_batch", "cpu", FLOATS, prepare=prepare_numba_batch,
+                       supports=is_ungrouped, cost=numba_batch_cost,
+                       configs=NUMBA_BATCH_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_batch")),
                 Kernel("conv2d", "numpy.conv2d.numba_im2col", "cpu", FLOATS, prepare=prepare_numba_im2col,
                        supports=is_not_depthwise, cost=numba_im2col_cost,
                        configs=NUMBA_IM2COL_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_im2col"))]

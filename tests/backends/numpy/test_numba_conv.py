@@ -1,4 +1,4 @@
-"""The cpu backend's GEMM convolutions (``numpy.conv2d.numba_gemm``, ``numpy.conv2d.numba_im2col``)
+"""The cpu backend's GEMM convolutions (``numpy.conv2d.numba_gemm``, ``numba_im2col``, ``numba_batch``)
 on problems that reach every branch of their task loops: several blocks of rows or positions with
 a short last one (the cache budgets of every config), groups, padding wider than the kernel,
 dilation, a 1x1 conv with padding (the shifted-taps path, not the pointwise one), float64, strided
@@ -61,6 +61,16 @@ def test_numba_im2col_wide_and_strided(case):
     clean(check_kernel(registry().kernels["numpy.conv2d.numba_im2col"], CPU, cases=[case]))
 
 
+BATCH = [c for c in GEMM + IM2COL if c.attrs.get("groups", 1) == 1] + [
+    _cv((3, 16, 7, 7), (200, 16, 1, 1), activation="relu"),  # blocks of channels with a short last one
+]
+
+
+@pytest.mark.parametrize("case", BATCH, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
+def test_numba_batch_every_branch(case):
+    clean(check_kernel(registry().kernels["numpy.conv2d.numba_batch"], CPU, cases=[case]))
+
+
 def test_numba_gemm_refuses_strided_and_depthwise():
     k = registry().kernels["numpy.conv2d.numba_gemm"]
     x, w = np.zeros((1, 8, 9, 9), np.float32), np.zeros((8, 8, 3, 3), np.float32)
@@ -77,6 +87,8 @@ RESNET = [
     ((4, 64, 56, 56), (256, 64, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 1024, 14, 14), (256, 1024, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 2048, 7, 7), (512, 2048, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
+    ((4, 512, 7, 7), (2048, 512, 1, 1), 1, 0, "numpy.conv2d.numba_batch"),
+    ((4, 1024, 14, 14), (2048, 1024, 1, 1), 2, 0, "numpy.conv2d.numba_batch"),
     ((4, 512, 7, 7), (512, 512, 3, 3), 1, 1, "numpy.conv2d.numba_im2col"),
     ((4, 128, 56, 56), (128, 128, 3, 3), 2, 1, "numpy.conv2d.numba_im2col"),
     ((4, 256, 56, 56), (512, 256, 1, 1), 2, 0, "numpy.conv2d.numba_im2col"),
