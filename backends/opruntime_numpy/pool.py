@@ -222,10 +222,9 @@ def prepare_adaptive_numba(problem: Problem, config: Any) -> Any:
             if red is None:
                 out = np.empty(n * c, acc_t)
                 jit.call(nb.plane_means, x2, out)
-            else:
-                out = np.empty(n * c, np.float64)
-                jit.call(red.rows, x2, out, False)
-                out = (out / (h * w)).astype(acc_t)
+            else:  # the mean in float64, rounded once by the loop
+                out = np.empty(n * c, acc_t)
+                jit.call(red.rows, x2, out, False, float(h * w))
         else:
             out = np.empty((n * c, oh, ow), acc_t)
             jit.call(nb.adaptive, x.reshape(n * c, h, w), out, h0, h1, w0, w1)
