@@ -11,13 +11,23 @@ every output row from rows of taps (vectorized), bias and activation applied to 
 it is in cache (:mod:`._nb_conv`): one read of the input and one write of the output, where the
 NumPy depthwise path reads the input once per tap and im2col writes and reads the columns.
 
-A third, ``numpy.conv2d.numba_im2col``, is im2col + GEMM with everything for a block of output
-positions in cache: per task (image, group, block) the block's columns gathered from the input
-(zeros for the padding: no padded copy), one BLAS call in the task's thread (scipy's BLAS held to
-one thread, :mod:`._blas`) and the bias and ReLU written with the output. It wins where the NumPy
-path's whole-image passes (columns, epilogue) or few positions per GEMM cost most: the 7x7 stem,
-1x1 convs into wide outputs, the 7x7-map layers; the cost models (measured on ResNet-50's layers)
-choose per shape.
+Four GEMM kernels join them, all on numba's threads (one pool for every numba kernel: after a
+parallel region its OpenMP workers spin a while, and on 2 cores another pool's threads then wait
+for a core), each task's BLAS call in its own thread (scipy's OpenBLAS held to one thread,
+:mod:`._blas`), the bias and ReLU applied to each block while it is in cache, no NumPy BLAS:
+
+* ``numpy.conv2d.numba_gemm`` (stride 1): a 1x1 conv as GEMMs reading the input's channels and
+  writing the output in place (no column buffer), any other as one GEMM per kernel tap on a
+  zero-padded block of rows, the tap's shifted window read through the GEMM's leading dimension;
+* ``numpy.conv2d.numba_im2col``: per block of output rows or positions, the columns copied from
+  the block's stride phases (strided convs: one contiguous copy per tap and channel) or gathered
+  (stride 1, small maps), then one GEMM;
+* ``numpy.conv2d.numba_batch``: the whole batch's columns, then one GEMM per block of output
+  channels over every position (the weights packed once: 1x1 convs with large weights on 7 x 7);
+* ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3), 16 GEMMs on transformed tiles.
+
+The cost models (fitted on ResNet-50's layers at batch 4, inside the model) choose per shape; the
+NumPy BLAS paths are charged :data:`BLAS_THREADS_PENALTY` for the spinning threads they leave.
 """
 
 from __future__ import annotations
@@ -683,6 +693,82 @@ def numba_batch_cost(problem: Problem, config: Any) -> float:
     return _flops(problem) / rate + _cols_bytes(problem) / GATHER_BYTES + _out_bytes(problem) / PASS_BYTES + 3e-5
 
 
+def is_winograd(problem: Problem) -> bool | Refusal:
+    """``numba_winograd`` takes 3x3 convolutions with stride 1, no dilation and no groups."""
+    if problem.shapes[1][2:] != (3, 3) or problem.attrs["stride"] != (1, 1) or problem.attrs["dilation"] != (1, 1):
+        return Refusal("not a 3x3 stride-1 undilated conv")
+    if problem.attrs["groups"] != 1:
+        return Refusal("grouped")
+    return True
+
+
+#: output channels per GEMM block of ``numpy.conv2d.numba_winograd`` the tuner tries
+NUMBA_WINOGRAD_CONFIGS = ({"channels": 128}, {"channels": 64}, {"channels": 256})
+
+
+def _tiles(problem: Problem) -> tuple[int, int]:
+    _, _, ho, wo = problem.out_shape
+    return -(-ho // 2), -(-wo // 2)
+
+
+def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3) (:mod:`._nb_conv`):
+    the input tiles and the filters transformed in parallel, 16 GEMMs (per tile position, per
+    block of output channels) spread over numba's threads with BLAS in each, then the output
+    tiles with the bias and activation."""
+    from . import _blas
+
+    nb = jit.loops("_nb_conv")
+    nbe = jit.loops("_nb_elementwise")
+    code = nbe.CODES[problem.attrs.get("activation")]
+    fused = code if code in nb.FUSED else 0
+    pt, _, pl, _ = problem.attrs["padding"]
+    n, c, _, _ = problem.shapes[0]
+    o = problem.shapes[1][0]
+    _, _, ho, wo = problem.out_shape
+    th, tw = _tiles(problem)
+    tiles = n * th * tw
+    dt = compute_dtype(problem.dtype)
+    mb = (config or NUMBA_WINOGRAD_CONFIGS[0])["channels"]
+    blocks = 16 * -(-o // mb)
+    p_in, p_w, p_g, p_out = (_pieces(t, problem) for t in (n * c, o, blocks, n * o))
+
+    @np.errstate(over="ignore", invalid="ignore")
+    def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        x = x.astype(dt, copy=False)
+        b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
+        out = buffers.empty(problem.out_shape, dt)
+        if out.size:
+            v = np.empty((16, c, tiles), dt)
+            u = np.empty((o, 16, c), dt)
+            m = np.empty((16, o, tiles), dt)
+            run_dynamic(nb.par_wino_input, x, v, pt, pl, th, tw, n * c, p_in)
+            run_dynamic(nb.par_wino_weights, w.astype(dt, copy=False), u, o, p_w)
+            with _blas.one_thread():
+                run_dynamic(nb.par_wino_gemm, u, v, m, mb, blocks, p_g)
+            run_dynamic(nb.par_wino_output, m, b, out, th, tw, fused, n * o, p_out)
+            if code != fused:
+                jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
+        return out.astype(problem.dtype, copy=False)
+
+    return jit.first_use("numpy.conv2d.numba_winograd", launch)
+
+
+def numba_winograd_cost(problem: Problem, config: Any) -> float:
+    """The 16 GEMMs (2.25x fewer multiply-adds than direct on whole tiles; slower on few channels:
+    the GEMMs' K is C, their M a block of output channels), and the transforms' passes: the input
+    read and its 16 tile planes (4x the input) written and read, the same for the output's, the
+    filters' (16 per filter)."""
+    o, c = problem.shapes[1][:2]
+    th, tw = _tiles(problem)
+    tiles = problem.out_shape[0] * th * tw
+    mb = min(o, (config or NUMBA_WINOGRAD_CONFIGS[0])["channels"])
+    rate = BLOCK_GEMM_PEAK * min(1.0, mb / 256.0) ** 0.25 * min(1.0, c / 256.0) ** 0.3 * min(1.0, tiles / 256.0) ** 0.25
+    size = itemsize(problem.dtype)
+    moved = (math.prod(problem.shapes[0]) + 2 * 16 * c * tiles + 2 * 16 * o * tiles + 2 * 16 * o * c) * size
+    return 2.0 * 16 * o * c * tiles / rate + moved / PASS_BYTES + _out_bytes(problem) / PASS_BYTES + 4e-5
+
+
 def numba_depthwise_cost(problem: Problem, config: Any) -> float:
     """One read of the input and one write of the output; the taps from cache."""
     return roofline(_flops(problem), _bytes(problem), CPU_FLOPS, CPU_BYTES * 1.5, 1e-5)
@@ -716,6 +802,9 @@ def kernels() -> list[Kernel]:
                 Kernel("conv2d", "numpy.conv2d.numba_batch", "cpu", FLOATS, prepare=prepare_numba_batch,
                        supports=is_ungrouped, cost=numba_batch_cost,
                        configs=NUMBA_BATCH_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_batch")),
+                Kernel("conv2d", "numpy.conv2d.numba_winograd", "cpu", FLOATS, prepare=prepare_numba_winograd,
+                       supports=is_winograd, cost=numba_winograd_cost,
+                       configs=NUMBA_WINOGRAD_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_winograd")),
                 Kernel("conv2d", "numpy.conv2d.numba_im2col", "cpu", FLOATS, prepare=prepare_numba_im2col,
                        supports=is_not_depthwise, cost=numba_im2col_cost,
                        configs=NUMBA_IM2COL_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_im2col"))]

@@ -66,6 +66,19 @@ BATCH = [c for c in GEMM + IM2COL if c.attrs.get("groups", 1) == 1] + [
 ]
 
 
+WINOGRAD = [c for c in GEMM if c.shapes[1][2:] == (3, 3) and c.attrs.get("groups", 1) == 1
+            and c.attrs.get("dilation", 1) == 1] + [
+    _cv((2, 16, 9, 8), (200, 16, 3, 3), padding=(1, 0), activation="relu"),  # odd maps: cut tiles
+    _cv((1, 8, 3, 3), (4, 8, 3, 3)),  # one output position
+    _cv((2, 8, 12, 10), (6, 8, 3, 3), padding=2, dtype="float64"),
+]
+
+
+@pytest.mark.parametrize("case", WINOGRAD, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
+def test_numba_winograd_every_branch(case):
+    clean(check_kernel(registry().kernels["numpy.conv2d.numba_winograd"], CPU, cases=[case]))
+
+
 @pytest.mark.parametrize("case", BATCH, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
 def test_numba_batch_every_branch(case):
     clean(check_kernel(registry().kernels["numpy.conv2d.numba_batch"], CPU, cases=[case]))
@@ -83,13 +96,14 @@ def test_numba_gemm_refuses_strided_and_depthwise():
 #: NumPy BLAS inside the model (its threads' spinning slows the kernels after it)
 RESNET = [
     ((4, 64, 56, 56), (64, 64, 3, 3), 1, 1, "numpy.conv2d.numba_gemm"),
-    ((4, 256, 14, 14), (256, 256, 3, 3), 1, 1, "numpy.conv2d.numba_gemm"),
+    ((4, 256, 14, 14), (256, 256, 3, 3), 1, 1, "numpy.conv2d.numba_winograd"),
+    ((4, 128, 28, 28), (128, 128, 3, 3), 1, 1, "numpy.conv2d.numba_winograd"),
     ((4, 64, 56, 56), (256, 64, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 1024, 14, 14), (256, 1024, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 2048, 7, 7), (512, 2048, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 512, 7, 7), (2048, 512, 1, 1), 1, 0, "numpy.conv2d.numba_batch"),
     ((4, 1024, 14, 14), (2048, 1024, 1, 1), 2, 0, "numpy.conv2d.numba_batch"),
-    ((4, 512, 7, 7), (512, 512, 3, 3), 1, 1, "numpy.conv2d.numba_im2col"),
+    ((4, 512, 7, 7), (512, 512, 3, 3), 1, 1, "numpy.conv2d.numba_winograd"),
     ((4, 128, 56, 56), (128, 128, 3, 3), 2, 1, "numpy.conv2d.numba_im2col"),
     ((4, 256, 56, 56), (512, 256, 1, 1), 2, 0, "numpy.conv2d.numba_im2col"),
     ((4, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_im2col"),
@@ -98,7 +112,7 @@ RESNET = [
 
 
 @pytest.mark.parametrize("x,w,stride,padding,want", RESNET, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
-def test_cost_models_pick_the_gemm_kernels_on_resnet(x, w, stride, padding, want):
+def test_cost_models_pick_the_numba_kernels_on_resnet(x, w, stride, padding, want):
     text = str(opr.explain("conv2d", np.zeros(x, np.float32), np.zeros(w, np.float32), np.zeros(w[0], np.float32),
                            stride=stride, padding=padding, activation="relu", device="cpu"))
     assert f"chosen: {want}" in text, text
