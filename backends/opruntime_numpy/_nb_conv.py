@@ -793,31 +793,22 @@ def par_batch_gemm(w2, cols, bias, out, mb, code, tasks, pieces):
 
 
 @njit(parallel=True, **OPTIONS)
-def par_wino_input(x, v, pt, pl, th, tw, tasks, pieces):
-    """:func:`wino_input` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+def par_wino(stage, x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, tasks, pieces):
+    """One stage of Winograd (0: :func:`wino_input`, 1: :func:`wino_weights`, 2: :func:`wino_gemm`,
+    3: :func:`wino_output`) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel: one
+    parallel wrapper for the four (each wrapper compiles its own parallel region: four took the
+    kernel's first use to 5 s)."""
     for p in prange(pieces):
-        wino_input(x, v, pt, pl, th, tw, tasks * p // pieces, tasks * (p + 1) // pieces)
-
-
-@njit(parallel=True, **OPTIONS)
-def par_wino_weights(w, u, tasks, pieces):
-    """:func:`wino_weights` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
-    for p in prange(pieces):
-        wino_weights(w, u, tasks * p // pieces, tasks * (p + 1) // pieces)
-
-
-@njit(parallel=True, **OPTIONS)
-def par_wino_gemm(u, v, m, mb, tasks, pieces):
-    """:func:`wino_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
-    for p in prange(pieces):
-        wino_gemm(u, v, m, mb, tasks * p // pieces, tasks * (p + 1) // pieces)
-
-
-@njit(parallel=True, **OPTIONS)
-def par_wino_output(m, bias, out, th, tw, code, tasks, pieces):
-    """:func:`wino_output` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
-    for p in prange(pieces):
-        wino_output(m, bias, out, th, tw, code, tasks * p // pieces, tasks * (p + 1) // pieces)
+        a = tasks * p // pieces
+        b = tasks * (p + 1) // pieces
+        if stage == 0:
+            wino_input(x, v, pt, pl, th, tw, a, b)
+        elif stage == 1:
+            wino_weights(w, u, a, b)
+        elif stage == 2:
+            wino_gemm(u, v, m, mb, a, b)
+        else:
+            wino_output(m, bias, out, th, tw, code, a, b)
 
 
 @njit(parallel=True, **OPTIONS)

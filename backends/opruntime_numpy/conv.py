@@ -742,11 +742,12 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
             v = np.empty((16, c, tiles), dt)
             u = np.empty((o, 16, c), dt)
             m = np.empty((16, o, tiles), dt)
-            run_dynamic(nb.par_wino_input, x, v, pt, pl, th, tw, n * c, p_in)
-            run_dynamic(nb.par_wino_weights, w.astype(dt, copy=False), u, o, p_w)
+            args = (x, v, w.astype(dt, copy=False), u, m, b, out, pt, pl, th, tw, mb, fused)
+            run_dynamic(nb.par_wino, 0, *args, n * c, p_in)
+            run_dynamic(nb.par_wino, 1, *args, o, p_w)
             with _blas.one_thread():
-                run_dynamic(nb.par_wino_gemm, u, v, m, mb, blocks, p_g)
-            run_dynamic(nb.par_wino_output, m, b, out, th, tw, fused, n * o, p_out)
+                run_dynamic(nb.par_wino, 2, *args, blocks, p_g)
+            run_dynamic(nb.par_wino, 3, *args, n * o, p_out)
             if code != fused:
                 jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
         return out.astype(problem.dtype, copy=False)
