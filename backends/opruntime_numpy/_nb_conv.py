@@ -1,5 +1,14 @@
 """numba loops of the convolutions and pools (imported through :mod:`.jit` only): depthwise and
-small-channel direct conv2d, max / avg pooling. Each task is one (image, channel) plane
+small-channel direct conv2d, the GEMM convolutions (below), max / avg pooling.
+
+**The GEMM convolutions** (``numba_gemm``, ``numba_im2col``, ``numba_batch``, ``numba_winograd``
+of :mod:`.conv`) call scipy's BLAS from their tasks through :func:`_gemm`: numba's own ``?gemm``
+entry (``numba_xxgemm``, by symbol name, so the loops stay cacheable) with leading dimensions, so
+a GEMM reads a window of a padded image, an image's channels or a strided phase in place and
+writes straight into the output. Each is a plain loop over a range of tasks (a task's working set
+in L2) run by a small ``parallel=True`` wrapper (``par_*``) on numba's threads.
+
+**Depthwise and direct.** Each task is one (image, channel) plane
 (direct conv: one image's group of channels): the plane is copied once into a zero-padded
 (max pool: -inf-padded) buffer that stays in L1 / L2, then the outputs are built from taps:
 
