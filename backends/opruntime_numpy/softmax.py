@@ -96,7 +96,7 @@ def two_phases(tasks: int, workers: int) -> Any:
 
         cond = threading.Condition()
         ends = [[0, pieces], [0, pieces]]  # per phase: the next piece from the front, the end from the back
-        done = [0]
+        done, failed = [0], [False]
 
         def take(phase: int, front: bool) -> int:
             with cond:
@@ -110,14 +110,22 @@ def two_phases(tasks: int, workers: int) -> Any:
                 return e[1]
 
         def worker(front: bool) -> None:
-            while (i := take(0, front)) >= 0:
-                first(bounds[i], bounds[i + 1])
+            try:
+                while (i := take(0, front)) >= 0:
+                    first(bounds[i], bounds[i + 1])
+                    with cond:
+                        done[0] += 1
+                        if done[0] == pieces:
+                            cond.notify_all()
+            except BaseException:  # the others stop waiting for pieces that will not be done
                 with cond:
-                    done[0] += 1
-                    if done[0] == pieces:
-                        cond.notify_all()
+                    failed[0] = True
+                    cond.notify_all()
+                raise
             with cond:
-                cond.wait_for(lambda: done[0] == pieces)
+                cond.wait_for(lambda: done[0] == pieces or failed[0])
+                if failed[0]:
+                    return
             while (i := take(1, front)) >= 0:
                 second(bounds[i], bounds[i + 1])
 
