@@ -469,7 +469,7 @@ def _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span):
 
 
 @njit(**OPTIONS)
-def phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, first, last):
+def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, first, last):
     """Strided conv2d as im2col + GEMM with the columns copied in long contiguous runs: ``x``
     (N, C, H, W) any strides, ``w2`` (O * C/g * kh * kw) flat in its own order, ``out`` (N, O, Ho,
     Wo) C-contiguous. A task is (image, group, block of ``rows`` output rows). The block's input
@@ -479,7 +479,12 @@ def phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, group
     stride, so its column row for the whole block, computed *wide* over the ``wq`` phase columns
     (the ones past Wo are dropped), is one contiguous copy (where a gather per output row and tap
     reads every sw-th value: the 7x7 stem's columns cost more than its GEMM). One BLAS call per
-    task, then the kept columns copied out with the bias and activation (:data:`FUSED`)."""
+    task, then the kept columns copied out with the bias and activation (:data:`FUSED`).
+
+    With ``wt`` (the weights ordered (tap, O, C/g), flat; size 0 for none) there are no columns:
+    one GEMM per tap reads the tap's shifted phase rows in place (the channels' rows of one phase
+    are ``sh * sw`` planes apart: one leading dimension), accumulating into the block, as
+    :func:`shift_gemm` does for stride 1 (for many channels per group: K = C/g per GEMM)."""
     n_img, c_in, h, wd = x.shape
     o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
     cg = c_in // groups
@@ -530,6 +535,16 @@ def phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, group
                                 dst[k] = 0
         if kh * kw == 1:  # a 1x1 conv's columns are its phase (0, 0) rows: the GEMM reads them in place
             _gemm(w2, g * og * kk, kk, buf, 0, nph * plane, acc, 0, span, og, span, kk, ab)
+        elif wt.shape[0]:
+            for i in range(kh):
+                py, oy = (i * dh) % sh, (i * dh) // sh
+                for j in range(kw):
+                    px, ox = (j * dw) % sw, (j * dw) // sw
+                    tap = i * kw + j
+                    ab[1] = 0 if tap == 0 else 1
+                    _gemm(wt, (tap * o_out + g * og) * cg, cg, buf, (py * sw + px) * plane + oy * wq + ox, nph * plane,
+                          acc, 0, span, og, span, cg, ab)
+            ab[1] = 0
         else:
             _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span)
             _gemm(w2, g * og * kk, kk, cols, 0, span, acc, 0, span, og, span, kk, ab)
@@ -780,10 +795,10 @@ def par_im2col(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, cod
 
 
 @njit(parallel=True, **OPTIONS)
-def par_phase(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, tasks, pieces):
+def par_phase(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, tasks, pieces):
     """:func:`phase_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
-        phase_gemm(x, w2, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code,
+        phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code,
                    tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
