@@ -680,7 +680,7 @@ def prepare_numba_batch(problem: Problem, config: Any) -> Any:
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
         out = buffers.empty(problem.out_shape, dt)
         if out.size:
-            cols = np.empty((c * kh * kw, n * ho * wo), dt)
+            cols = buffers.empty((c * kh * kw, n * ho * wo), dt)
             run_dynamic(nb.par_batch_columns, x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, n * c, col_pieces)
             with _blas.one_thread():
                 run_dynamic(nb.par_batch_gemm, w2, cols, b, out.reshape(n, o, ho * wo), mb, fused, blocks,
@@ -750,9 +750,10 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
         out = buffers.empty(problem.out_shape, dt)
         if out.size:
-            v = np.empty((16, c, tiles), dt)
-            u = np.empty((o, 16, c), dt)
-            m = np.empty((16, o, tiles), dt)
+            # scratch from the pool too: fresh mappings of tens of MB fault in page by page
+            v = buffers.empty((16, c, tiles), dt)
+            u = buffers.empty((o, 16, c), dt)
+            m = buffers.empty((16, o, tiles), dt)
             args = (x, v, w.astype(dt, copy=False), u, m, b, out, pt, pl, th, tw, mb, fused)
             run_dynamic(nb.par_wino, 0, *args, n * c, p_in)
             run_dynamic(nb.par_wino, 1, *args, o, p_w)
@@ -768,19 +769,21 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
 
 def numba_winograd_cost(problem: Problem, config: Any) -> float:
     """The 16 GEMMs (2.25x fewer multiply-adds than direct on whole tiles; slower on few channels:
-    the GEMMs' K is C, their M a block of output channels), and the transforms' passes at half the
-    copy rate (16 planes written at once): the input read and its 16 tile planes (4x the input)
-    written and read, the same for the output's, the filters' (16 per filter). Inside ResNet-50 at
-    batch 4 it measured 3.2 ms on 256 channels at 14 x 14 (numba_gemm 4.2), but 3.9 on 128 at
-    28 x 28 (3.4) and 6.3 on 512 at 7 x 7 (numba_im2col 5.0): the fit picks it on the first only."""
+    the GEMMs' K is C, their M a block of output channels), the transforms' passes (the input
+    read and its 16 tile planes, 4x the input, written and read; the same for the output's) and
+    the filters' transform at a third of the copy rate (16 values per filter, every call).
+    Inside ResNet-50 at batch 4: 3.2 ms on 256 channels at 14 x 14 (numba_gemm 4.2), 3.3 on 128 at
+    28 x 28 (3.6), but 6.7 on 512 at 7 x 7 (numba_im2col 5.4: the filters' 16 MB) and, in
+    isolation, 7.7 on 64 at 8 x 56 x 56 (numba_gemm 7.7)."""
     o, c = problem.shapes[1][:2]
     th, tw = _tiles(problem)
     tiles = problem.out_shape[0] * th * tw
     mb = min(o, (config or NUMBA_WINOGRAD_CONFIGS[0])["channels"])
     rate = BLOCK_GEMM_PEAK * min(1.0, mb / 256.0) ** 0.25 * min(1.0, c / 256.0) ** 0.3 * min(1.0, tiles / 256.0) ** 0.25
     size = itemsize(problem.dtype)
-    moved = (math.prod(problem.shapes[0]) + 2 * 16 * c * tiles + 2 * 16 * o * tiles + 2 * 16 * o * c) * size
-    return 2.0 * 16 * o * c * tiles / rate + moved / (PASS_BYTES / 2) + _out_bytes(problem) / PASS_BYTES + 4e-5
+    moved = (math.prod(problem.shapes[0]) + 2 * 16 * c * tiles + 2 * 16 * o * tiles) * size
+    filters = 2 * 16 * o * c * size / (PASS_BYTES / 3)
+    return 2.0 * 16 * o * c * tiles / rate + moved / PASS_BYTES + filters + _out_bytes(problem) / PASS_BYTES + 4e-5
 
 
 def numba_depthwise_cost(problem: Problem, config: Any) -> float:

@@ -97,7 +97,7 @@ def test_numba_gemm_refuses_strided_and_depthwise():
 RESNET = [
     ((4, 64, 56, 56), (64, 64, 3, 3), 1, 1, "numpy.conv2d.numba_gemm"),
     ((4, 256, 14, 14), (256, 256, 3, 3), 1, 1, "numpy.conv2d.numba_winograd"),
-    ((4, 128, 28, 28), (128, 128, 3, 3), 1, 1, "numpy.conv2d.numba_gemm"),
+    ((4, 128, 28, 28), (128, 128, 3, 3), 1, 1, "numpy.conv2d.numba_winograd"),
     ((4, 64, 56, 56), (256, 64, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 1024, 14, 14), (256, 1024, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 2048, 7, 7), (512, 2048, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
