@@ -390,7 +390,9 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
     in cache, then for each tap (i, j) ``acc += w[tap] @ buffer[:, shifted by i dh Wp + j dw]``
     (BLAS, the shifted window read through its leading dimension): ``acc`` is the block computed
     *wide* (every one of the Wp padded columns of each output row, as :func:`direct_wide`; the
-    values read past a row's end reach only dropped columns). The kept columns are then copied
+    values read past a row's end, and the buffer's unwritten slack, reach only dropped columns).
+    The buffer is not zeroed per range: each row is written whole, its padding included (zeroing
+    it cost as much as the copy, once per range of tasks). The kept columns are then copied
     out with the bias and activation (:data:`FUSED`). Tasks ``first:last``."""
     n_img, c_in, h, wd = x.shape
     o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
@@ -401,7 +403,7 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
     plane = rin * wp + (kw - 1) * dw
     has_bias = bias.shape[0] > 0
     dt = out.dtype
-    buf = np.zeros(cg * plane, dt)  # the padding columns and the slack stay zero throughout
+    buf = np.empty(cg * plane, dt)  # every row read for a kept output is written whole below
     acc = np.empty(og * rows * wp, dt)
     ab = np.zeros(2, dt)
     for t in range(first, last):
@@ -415,13 +417,17 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
             xc = x[n, g * cg + c]
             for q in range(cnt + (kh - 1) * dh):
                 iy = y0 + q - pt
-                dst = buf[c * plane + q * wp + pl:c * plane + q * wp + pl + wd]
+                dst = buf[c * plane + q * wp:c * plane + (q + 1) * wp]
                 if 0 <= iy < h:
                     src = xc[iy]
+                    for k in range(pl):
+                        dst[k] = 0
                     for k in range(wd):
-                        dst[k] = src[k]
+                        dst[pl + k] = src[k]
+                    for k in range(pl + wd, wp):
+                        dst[k] = 0
                 else:
-                    for k in range(wd):
+                    for k in range(wp):
                         dst[k] = 0
         for i in range(kh):
             for j in range(kw):
@@ -497,7 +503,7 @@ def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, g
     nph = sh * sw
     has_bias = bias.shape[0] > 0
     dt = out.dtype
-    buf = np.zeros(cg * nph * plane, dt)
+    buf = np.empty(cg * nph * plane, dt)  # rows written whole; the slack reaches dropped columns only
     cols = np.empty(kk * rows * wq, dt)
     acc = np.empty(og * rows * wq, dt)
     ab = np.zeros(2, dt)
