@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from opruntime.kernels import itemsize
+
 #: cublasLtEpilogue_t names by (activation, bias?); cuBLASLt's GELU is the tanh approximation
 EPILOGUE = {(None, False): "DEFAULT", (None, True): "BIAS", ("relu", False): "RELU", ("relu", True): "RELU_BIAS",
             ("gelu_tanh", False): "GELU", ("gelu_tanh", True): "GELU_BIAS"}
@@ -126,12 +128,13 @@ class GemmNT:
 
     def __init__(self, dtype: str, dev: int, m: int, n: int, k: int, x_strides: Sequence[int],
                  w_strides: Sequence[int], activation: str | None, bias: bool) -> None:
+        import cupy
         from nvmath.bindings import cublasLt as lt
 
         self._lt = lt
         self._state = _DeviceState.of(dev)
-        self._isz = np.dtype(np.float64 if dtype == "float64" else np.float32 if dtype == "float32"
-                             else np.float16).itemsize
+        isz = itemsize(dtype)
+        self._stream = cupy.cuda.get_current_stream
         scalar = np.float64 if dtype == "float64" else np.float32
         self._alpha, self._beta = np.ones(1, scalar), np.zeros(1, scalar)  # host scalars, kept alive
         # A = w read as (n, k); B = x.T as (k, m); D = y.T (n, m), column-major, ld n
@@ -141,7 +144,8 @@ class GemmNT:
             raise ValueError(f"cuBLASLt: operand strides {x_strides} / {w_strides} have no unit stride")
         op_a = OP_T if wa[0] == OP_N else OP_N
         op_b = OP_N if xb[0] == OP_N else OP_T
-        self._lds = (wa[1], xb[1], n)
+        # the leading dims' byte counts bound the alignment too (a row of A starts lda elements on)
+        self._ld_bits = 256 | (wa[1] * isz) | (xb[1] * isz) | (n * isz)
         t = CUDA_R[dtype]
         self._desc = lt.matmul_desc_create(COMPUTE[dtype], CUDA_R["float64" if dtype == "float64" else "float32"])
         setd, dt = lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype
@@ -185,15 +189,12 @@ class GemmNT:
         return results
 
     def __call__(self, x: Any, w: Any, bias: Any, y: Any) -> None:
-        import cupy
-
         xp, wp, yp = x.data.ptr, w.data.ptr, y.data.ptr
-        lda, ldb, ldd = self._lds
-        bits = xp | wp | yp | 256 | (lda * self._isz) | (ldb * self._isz) | (ldd * self._isz)
+        bits = xp | wp | yp | self._ld_bits
         align = bits & -bits
         algo = self._algos.get(align) or self.algorithm(align)
         st = self._state
-        stream = cupy.cuda.get_current_stream().ptr
+        stream = self._stream().ptr
         ws = st.workspace(stream)
         with self._lock:  # the bias pointer lives in the shared descriptor until the launch is queued
             if bias is not None:

@@ -19,12 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
-def _words(a: Any) -> Any:
-    """``a`` as 16-bit words when it is bfloat16 (CuPy's elementwise copy has no bfloat16)."""
-    import cupy
-
-    return a.view(cupy.uint16) if a.dtype.name == "bfloat16" else a
+from .cudnn import words
 
 
 def _copy(dst: Any, src: Any) -> None:
@@ -37,7 +32,7 @@ def _copy(dst: Any, src: Any) -> None:
                                           cupy.cuda.runtime.memcpyDeviceToDevice,
                                           cupy.cuda.get_current_stream().ptr)
     else:
-        _words(dst)[...] = _words(src)
+        words(dst)[...] = words(src)
 
 
 class CudaGraph:

@@ -395,7 +395,7 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
     it cost as much as the copy, once per range of tasks). The kept columns are then copied
     out with the bias and activation (:data:`FUSED`). Tasks ``first:last``."""
     n_img, c_in, h, wd = x.shape
-    o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
+    o_out, ho = out.shape[1], out.shape[2]
     cg = c_in // groups
     og = o_out // groups
     nblk = (ho + rows - 1) // rows
@@ -438,13 +438,8 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
                       acc, 0, span, og, span, cg, ab)
         for oo in range(og):
             o = g * og + oo
-            bv = bias[o] if has_bias else dt.type(0.0)
-            for yy in range(cnt):
-                row = out[n, o, y0 + yy]
-                src = acc[oo * span + yy * wp:oo * span + yy * wp + wo]
-                for k in range(wo):
-                    row[k] = src[k]
-                act_row(row, bv, code)
+            _crop(out[n, o, y0:y0 + cnt], acc[oo * span:(oo + 1) * span], wp,
+                  bias[o] if has_bias else dt.type(0.0), code)
 
 
 @njit(**OPTIONS)
@@ -492,7 +487,7 @@ def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, g
     are ``sh * sw`` planes apart: one leading dimension), accumulating into the block, as
     :func:`shift_gemm` does for stride 1 (for many channels per group: K = C/g per GEMM)."""
     n_img, c_in, h, wd = x.shape
-    o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
+    o_out, ho = out.shape[1], out.shape[2]
     cg = c_in // groups
     og = o_out // groups
     kk = cg * kh * kw
@@ -556,13 +551,8 @@ def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, g
             _gemm(w2, g * og * kk, kk, cols, 0, span, acc, 0, span, og, span, kk, ab)
         for oo in range(og):
             o = g * og + oo
-            bv = bias[o] if has_bias else dt.type(0.0)
-            for yy in range(cnt):
-                orow = out[n, o, y0 + yy]
-                src = acc[oo * span + yy * wq:oo * span + yy * wq + wo]
-                for k in range(wo):
-                    orow[k] = src[k]
-                act_row(orow, bv, code)
+            _crop(out[n, o, y0:y0 + cnt], acc[oo * span:(oo + 1) * span], wq,
+                  bias[o] if has_bias else dt.type(0.0), code)
 
 
 @njit(**OPTIONS)

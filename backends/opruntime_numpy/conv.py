@@ -346,10 +346,7 @@ def split(tasks: int, flops: float) -> Any:
 
 def prepare_numba(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.conv2d.numba_depthwise`` / ``numba_direct``."""
-    nb = jit.loops("_nb_conv")
-    nbe = jit.loops("_nb_elementwise")
-    code = nbe.CODES[problem.attrs.get("activation")]
-    fused = code if code in nb.FUSED else 0  # others: a second pass over the output
+    nb, code, fused = _loops(problem)
     (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
     pt, pb, pl, pr = problem.attrs["padding"]
     _, _, h, wd = problem.shapes[0]
@@ -377,8 +374,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
             spread(nb.direct_wide, x, w, b, out, dh, dw, pt, pl, hp, wp, g, fused)
         else:
             spread(nb.direct_rows, x, w, b, out, sh, sw, dh, dw, pt, pl, hp, wp, g, fused)
-        if code != fused and out.size:
-            jit.call(nbe.bias_act_rows, out.reshape(-1, out.shape[-2] * out.shape[-1]), b[:0], code)
+        _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use(name, launch)
@@ -389,6 +385,22 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
 NUMBA_IM2COL_CONFIGS = ({"cols_bytes": 2 << 20}, {"cols_bytes": 512 << 10}, {"cols_bytes": 1 << 20},
                         {"cols_bytes": 4 << 20})
 
+
+
+def _loops(problem: Problem) -> tuple[Any, int, int]:
+    """The conv loops' module, the activation's code, and the code the loops fuse themselves (the
+    activations of ``FUSED``; 0 for the others, which :func:`_activate_rest` applies after)."""
+    nb = jit.loops("_nb_conv")
+    code = jit.loops("_nb_elementwise").CODES[problem.attrs.get("activation")]
+    return nb, code, (code if code in nb.FUSED else 0)
+
+
+def _activate_rest(out: np.ndarray, b: np.ndarray, code: int, fused: int) -> None:
+    """The activation the numba loops did not apply (they fuse ``fused``), one pass over ``out``
+    (N, O, Ho, Wo) after them; the bias is already in."""
+    if code != fused and out.size:
+        jit.call(jit.loops("_nb_elementwise").bias_act_rows, out.reshape(-1, out.shape[-2] * out.shape[-1]), b[:0],
+                 code)
 
 def _block(problem: Problem, config: Any) -> int:
     """Output positions per block of ``numba_im2col``: the columns within ``cols_bytes`` (at least
@@ -448,10 +460,7 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
     threads cannot be held (another BLAS), one range."""
     from . import _blas
 
-    nb = jit.loops("_nb_conv")
-    nbe = jit.loops("_nb_elementwise")
-    code = nbe.CODES[problem.attrs.get("activation")]
-    fused = code if code in nb.FUSED else 0
+    nb, code, fused = _loops(problem)
     (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
     pt, _, pl, _ = problem.attrs["padding"]
     o, cg, kh, kw = problem.shapes[1]
@@ -485,8 +494,7 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
                 else:
                     run_dynamic(nb.par_im2col, x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block, fused, tasks,
                              pieces)
-            if code != fused:
-                jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
+            _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use("numpy.conv2d.numba_im2col", launch)
@@ -571,10 +579,7 @@ def prepare_numba_gemm(problem: Problem, config: Any) -> Any:
     cores they take a core from the next kernel's threads)."""
     from . import _blas
 
-    nb = jit.loops("_nb_conv")
-    nbe = jit.loops("_nb_elementwise")
-    code = nbe.CODES[problem.attrs.get("activation")]
-    fused = code if code in nb.FUSED else 0
+    nb, code, fused = _loops(problem)
     (dh, dw) = problem.attrs["dilation"]
     pt, _, pl, pr = problem.attrs["padding"]
     n, c, h, wd = problem.shapes[0]
@@ -603,8 +608,7 @@ def prepare_numba_gemm(problem: Problem, config: Any) -> Any:
                 wt = wt.reshape(-1)
                 with _blas.one_thread():
                     run_dynamic(nb.par_shift, xs, wt, b, out, kh, kw, dh, dw, pt, pl, wp, block, g, fused, tasks, pieces)
-            if code != fused:
-                jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
+            _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use("numpy.conv2d.numba_gemm", launch)
@@ -659,10 +663,7 @@ def prepare_numba_batch(problem: Problem, config: Any) -> Any:
     scattered into the output with the bias and activation."""
     from . import _blas
 
-    nb = jit.loops("_nb_conv")
-    nbe = jit.loops("_nb_elementwise")
-    code = nbe.CODES[problem.attrs.get("activation")]
-    fused = code if code in nb.FUSED else 0
+    nb, code, fused = _loops(problem)
     (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
     pt, _, pl, _ = problem.attrs["padding"]
     n, c, _, _ = problem.shapes[0]
@@ -685,8 +686,7 @@ def prepare_numba_batch(problem: Problem, config: Any) -> Any:
             with _blas.one_thread():
                 run_dynamic(nb.par_batch_gemm, w2, cols, b, out.reshape(n, o, ho * wo), mb, fused, blocks,
                             gemm_pieces)
-            if code != fused:
-                jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
+            _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use("numpy.conv2d.numba_batch", launch)
@@ -729,10 +729,7 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
     tiles with the bias and activation."""
     from . import _blas
 
-    nb = jit.loops("_nb_conv")
-    nbe = jit.loops("_nb_elementwise")
-    code = nbe.CODES[problem.attrs.get("activation")]
-    fused = code if code in nb.FUSED else 0
+    nb, code, fused = _loops(problem)
     pt, _, pl, _ = problem.attrs["padding"]
     n, c, _, _ = problem.shapes[0]
     o = problem.shapes[1][0]
@@ -760,8 +757,7 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
             with _blas.one_thread():
                 run_dynamic(nb.par_wino, 2, *args, blocks, p_g)
             run_dynamic(nb.par_wino, 3, *args, n * o, p_out)
-            if code != fused:
-                jit.call(nbe.bias_act_rows, out.reshape(-1, ho * wo), b[:0], code)
+            _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use("numpy.conv2d.numba_winograd", launch)
