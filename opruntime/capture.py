@@ -141,7 +141,7 @@ def _results(fn: Callable[..., Any], result: Any) -> tuple[list[Tensor], Callabl
                        f"got {type(result).__name__}")
 
 
-def capture(fn: Callable[..., Any] | None = None, *, warmup: int = WARMUP) -> Any:
+def capture(fn: Callable[..., Any] | None = None, *, warmup: int = WARMUP) -> Captured | Callable[[Callable[..., Any]], Captured]:
     """Record ``fn`` (a function of opruntime calls) as a device graph per signature, and replay it.
 
     Use as ``fast = opr.capture(fn)`` or as the decorator ``@opr.capture``. ``warmup`` eager calls
