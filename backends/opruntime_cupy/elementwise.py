@@ -1,6 +1,7 @@
 """The elementwise family on CUDA (``elementwise.cu``): ``add``/``sub``/``mul``/``div``, ``neg``
 and the activations, each optionally followed by an activation (``epilogue.cuh``) in the same
-kernel, so a fused chain ``act(a op b)`` is one launch. One source; the defines pick the
+kernel, so a fused chain ``act(a op b)`` (the binary operators' ``activation=``) is one launch,
+computed in the accumulator type and rounded once. One source; the defines pick the
 operator, the activation and one of three paths, chosen from the operands' layout:
 
 * ``vector`` (KIND 1): every operand C-contiguous in the output's shape: a grid-stride loop over
@@ -106,7 +107,7 @@ def _preparer(path: str) -> Callable[[Problem, Mapping[str, int]], Callable[...,
         binary = problem.op in BINARY_OPS
         op = problem.op if binary or problem.op == "neg" else None
         prov = problem.device.provider
-        return prepare_elementwise(op, activation(problem) if not binary else None, problem.dtype, problem.shapes,
+        return prepare_elementwise(op, activation(problem), problem.dtype, problem.shapes,
                                    problem.strides, problem.out_shape, prov.index, prov.sm_count, config,
                                    path=path, label=f"cupy.{problem.op}.{path}")
 

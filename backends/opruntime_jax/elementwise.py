@@ -1,6 +1,7 @@
 """The elementwise family on JAX devices: ``add``/``sub``/``mul``/``div`` as ``jax.numpy``
-arithmetic (NumPy broadcasting), ``neg``, and the activations through this backend's
-``epilogue.activate``, each one jitted function that XLA fuses into one kernel. float16 and
+arithmetic (NumPy broadcasting) followed by their ``activation=`` (``epilogue.activate``),
+``neg``, and the activations through the same ``epilogue.activate``, each one jitted function
+that XLA fuses into one kernel. float16 and
 bfloat16 are computed in float32 inside it (one rounding, no extra memory traffic)."""
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
     op = problem.op
     if op in BINARY_OPS:
         fn = {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide}[op]
+        act = activation(problem)
         if problem.dtype in ("float16", "bfloat16"):  # in float32, rounded once: correctly rounded as
             # NumPy, torch and the CUDA kernels (XLA's CPU float16 division was 1 ulp off: 3 / 2.5)
-            return lambda a, b: fn(a.astype(jnp.float32), b.astype(jnp.float32)).astype(a.dtype)
-        return fn
+            return lambda a, b: activate(act, fn(a.astype(jnp.float32), b.astype(jnp.float32))).astype(a.dtype)
+        if act is None:
+            return fn
+        return lambda a, b: activate(act, fn(a, b))  # one jitted function: XLA fuses the two
     if op == "neg":
         return jnp.negative
     if op == "relu":  # exact in any dtype

@@ -107,9 +107,11 @@ def unary(x, out, code):
 
 
 @njit(parallel=True, **OPTIONS)
-def binary(a, b, out, code):
-    """``out = a <op> b`` over 2-D arrays: ``out`` (rows, cols); ``a`` and ``b`` (rows, cols) or
-    (1, cols) (a row repeated: a bias), or of ``out``'s shape with stride 0 where they broadcast."""
+def binary(a, b, out, code, act):
+    """``out = act(a <op> b)`` over 2-D arrays: ``out`` (rows, cols); ``a`` and ``b`` (rows, cols) or
+    (1, cols) (a row repeated: a bias), or of ``out``'s shape with stride 0 where they broadcast.
+    ``act`` is a code of :data:`CODES` (0: none; relu, gelu, gelu_tanh, silu): each element is
+    activated as it is made, in the same vectorized loop (one pass over the data, no second sweep)."""
     rows, cols = out.shape
     ra, rb = a.shape[0], b.shape[0]
     blocks = (cols + CHUNK - 1) // CHUNK
@@ -120,7 +122,15 @@ def binary(a, b, out, code):
         ar = a[r if ra > 1 else 0, c0:c1]
         br = b[r if rb > 1 else 0, c0:c1]
         yr = out[r, c0:c1]
-        if code == 0:
+        if act == 2:
+            _relu_of(ar, br, yr, code)
+        elif act == 3:
+            _gelu_of(ar, br, yr, code)
+        elif act == 4:
+            _gelu_tanh_of(ar, br, yr, code)
+        elif act == 5:
+            _silu_of(ar, br, yr, code)
+        elif code == 0:
             for j in range(c1 - c0):
                 yr[j] = ar[j] + br[j]
         elif code == 1:
@@ -132,6 +142,77 @@ def binary(a, b, out, code):
         else:
             for j in range(c1 - c0):
                 yr[j] = ar[j] / br[j]
+
+
+# The fused blocks of ``binary``: ``y = act(a <op> b)`` on 1-D blocks, one loop per operator (the
+# branch taken once per block; each loop vectorizes with the activation inlined).
+
+@njit(**OPTIONS)
+def _relu_of(a, b, y, code):
+    n = y.shape[0]
+    if code == 0:
+        for j in range(n):
+            y[j] = relu(a[j] + b[j])
+    elif code == 1:
+        for j in range(n):
+            y[j] = relu(a[j] - b[j])
+    elif code == 2:
+        for j in range(n):
+            y[j] = relu(a[j] * b[j])
+    else:
+        for j in range(n):
+            y[j] = relu(a[j] / b[j])
+
+
+@njit(**OPTIONS)
+def _gelu_of(a, b, y, code):
+    n = y.shape[0]
+    if code == 0:
+        for j in range(n):
+            y[j] = gelu(a[j] + b[j])
+    elif code == 1:
+        for j in range(n):
+            y[j] = gelu(a[j] - b[j])
+    elif code == 2:
+        for j in range(n):
+            y[j] = gelu(a[j] * b[j])
+    else:
+        for j in range(n):
+            y[j] = gelu(a[j] / b[j])
+
+
+@njit(**OPTIONS)
+def _gelu_tanh_of(a, b, y, code):
+    n = y.shape[0]
+    if code == 0:
+        for j in range(n):
+            y[j] = gelu_tanh(a[j] + b[j])
+    elif code == 1:
+        for j in range(n):
+            y[j] = gelu_tanh(a[j] - b[j])
+    elif code == 2:
+        for j in range(n):
+            y[j] = gelu_tanh(a[j] * b[j])
+    else:
+        for j in range(n):
+            y[j] = gelu_tanh(a[j] / b[j])
+
+
+@njit(**OPTIONS)
+def _silu_of(a, b, y, code):
+    n = y.shape[0]
+    if code == 0:
+        for j in range(n):
+            y[j] = silu(a[j] + b[j])
+    elif code == 1:
+        for j in range(n):
+            y[j] = silu(a[j] - b[j])
+    elif code == 2:
+        for j in range(n):
+            y[j] = silu(a[j] * b[j])
+    else:
+        for j in range(n):
+            y[j] = silu(a[j] / b[j])
 
 
 @njit(parallel=True, **OPTIONS)

@@ -1,9 +1,12 @@
 """The elementwise family on the CPU: ``add``/``sub``/``mul``/``div`` as one NumPy ufunc into a new
-array (broadcasting and strided operands read in place; float16 computed as NumPy does), ``neg``
-as ``np.negative``, and the activations through this backend's ``epilogue.activate`` (float16
+array (broadcasting and strided operands read in place; float16 computed as NumPy does), their
+``activation=`` applied in place on that result by this backend's ``epilogue.activate`` (no second
+result array; float16 with an activation other than relu computed in float32, one rounding at the
+end), ``neg`` as ``np.negative``, and the activations through ``epilogue.activate`` (float16
 computed in float32, one rounding at the end).
 
-With numba (:mod:`.jit`), ``numpy.<op>.numba`` does each in one parallel pass: the operands seen
+With numba (:mod:`.jit`), ``numpy.<op>.numba`` does each in one parallel pass (a binary operator
+and its activation in one loop): the operands seen
 as 2-D (rows, last dim; broadcast operands with stride 0, strided ones read in place where NumPy
 can make the view), blocks of a row spread over the threads, and the activations computed with
 the vectorized exp / erfc / tanh of :mod:`._nb_math` (NumPy's ufuncs call libm one element at a
@@ -30,8 +33,18 @@ _quiet = np.errstate(divide="ignore", invalid="ignore", over="ignore")  # IEEE r
 
 @_quiet
 def binary(problem: Problem, config: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # into a new array of the broadcast shape (0-d too: a bare ufunc call would return a scalar)
-    return UFUNCS[problem.op](a, b, out=np.empty(problem.out_shape, a.dtype))
+    """The ufunc into a new array of the broadcast shape (0-d too: a bare ufunc call would return
+    a scalar), then the activation in place on it. relu is exact in any dtype; the others on
+    float16 take a float32 result (the ufunc computes in float32 from the float16 operands) and
+    round once at the end."""
+    act = activation(problem)
+    wide = a.dtype is F16 and act not in (None, "relu")
+    out = np.empty(problem.out_shape, np.float32 if wide else a.dtype)
+    UFUNCS[problem.op](a, b, out=out, dtype=out.dtype)
+    if act is None:
+        return out
+    activate(act, out.reshape(-1))  # 1-d: on a 0-d array NumPy's ufuncs give scalars
+    return out.astype(np.float16) if wide else out
 
 
 @_quiet
@@ -75,7 +88,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     shape = problem.out_shape
     f16 = problem.dtype == "float16"
     if problem.op in UFUNCS:
-        code = nb.BINARY[problem.op]
+        code, act = nb.BINARY[problem.op], nb.CODES[activation(problem)]
 
         split = _row_split(problem)
 
@@ -90,7 +103,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
                 rows, cols = split
                 a2, b2 = (v.reshape(-1, cols) for v in (a, b))
                 out = buffers.empty((rows, cols), a2.dtype)
-            jit.call(nb.binary, a2, b2, out, code)
+            jit.call(nb.binary, a2, b2, out, code, act)
             out = out.reshape(shape)
             return out.astype(np.float16) if f16 else out
     else:
@@ -114,11 +127,15 @@ NUMPY_RATE = {"gelu": 0.07e9, "sigmoid": 0.12e9, "silu": 0.4e9, "tanh": 0.4e9}
 
 
 def cost(problem: Problem, config: Any) -> float:
-    """The NumPy kernels: memory-bound, except the activations' libm calls."""
+    """The NumPy kernels: memory-bound, except the activations' libm calls; a binary operator's
+    activation is a second pass over its result (read and written again) and its libm calls."""
     n = math.prod(problem.out_shape)
     moved = sum(math.prod(s) for s in problem.shapes) + n
-    name = activation(problem) if problem.op in UNARY_OPS else None
+    name = activation(problem)
     compute = n / NUMPY_RATE.get(name or "", CPU_FLOPS)
+    if problem.op in UFUNCS and name is not None:
+        moved += 2 * n
+        compute += n / CPU_FLOPS
     return max(compute, moved * itemsize(problem.dtype) / CPU_BYTES) + 1e-6
 
 

@@ -1,6 +1,7 @@
 """The elementwise family on OpenCL devices (``elementwise.cl`` after ``epilogue.cl``): ``add``,
 ``sub``, ``mul``, ``div``, ``neg`` and the activations, each computed in the accumulator type
-(float for half) with the activation of ``epilogue.cl`` in the same kernel. Paths, chosen from
+(float for half) with the activation of ``epilogue.cl`` in the same kernel (a binary operator's
+``activation=``: ``act(a op b)``, one rounding at the end). Paths, chosen from
 the operands' layout (``opruntime.ops.elementwise.layout``):
 
 * ``vector``: every operand C-contiguous in the output's shape: VW elements per work-item
@@ -92,7 +93,7 @@ def _build(path: str, problem: Problem, config: Mapping[str, int]) -> Callable[.
     dev = problem.device.provider
     binary = problem.op in BINARY_OPS
     op = problem.op if binary or problem.op == "neg" else None
-    act = None if binary else activation(problem)
+    act = activation(problem)  # a binary operator's activation= too: act(a op b) in one kernel
     lay = _layout(problem, strided=path == "strided")
     t, acc, ext = TYPES[problem.dtype]
     vw = config["VW"]

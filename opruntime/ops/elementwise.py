@@ -2,7 +2,10 @@
 ``gelu``, ``silu``, ``sigmoid``, ``tanh`` (``torch`` / ``torch.nn.functional`` semantics).
 
 Binary operators broadcast as NumPy does (a :class:`~opruntime.errors.ShapeError` naming both
-shapes otherwise); the result dtype follows ``result_dtype``, except that a Python ``int`` or
+shapes otherwise) and take ``activation`` (None or one of :data:`~opruntime.ops.base.EPILOGUES`,
+validated as ``linear``'s and ``conv2d``'s): ``activation(a op b)`` computed by one kernel, the
+activation applied to each element as it is made (no second pass, no intermediate array; ResNet's
+residual ``relu(out + identity)`` is one read of each operand and one write); the result dtype follows ``result_dtype``, except that a Python ``int`` or
 ``float`` operand is *weak*, as in NumPy 2 and torch: it takes the other operand's dtype
 (``t + 1.0`` and ``t * 2`` keep a float16 ``t`` float16). ``bool`` operands are refused. ``div``
 by zero follows IEEE 754 (``inf`` / ``nan``, no error). Kernels see each operand in its own shape
@@ -11,7 +14,8 @@ the broadcast shape.
 
 The unary operators keep the input's shape and dtype; NaN stays NaN. The activations' float64
 references are :data:`~opruntime.ops.base.ACTIVATIONS`; a kernel finds its activation name with
-:func:`activation` (``gelu`` with ``approximate="tanh"`` is ``"gelu_tanh"``; ``neg`` has none).
+:func:`activation` (a binary operator's ``activation`` attribute; ``gelu`` with
+``approximate="tanh"`` is ``"gelu_tanh"``; ``neg`` and a binary operator without one have none).
 ``neg`` is the Tensor's unary minus (``-0.0`` gives ``0.0`` and back).
 """
 
@@ -28,7 +32,7 @@ from ..errors import AttributeValueError, DtypeError, ShapeError, UnknownAttribu
 from ..kernels import Attrs, Problem, c_strides
 from ..tensor import Tensor
 from ..typing import ArrayLike, DeviceLike
-from .base import ACTIVATIONS, Case, Normalized, Operator
+from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("neg", "relu", "gelu", "silu", "sigmoid", "tanh")
@@ -39,7 +43,10 @@ ARITHMETIC: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 
 def activation(problem: Problem) -> str | None:
-    """The activation name (a key of ``ACTIVATIONS``) a unary problem computes; None for ``neg``."""
+    """The activation name (a key of ``ACTIVATIONS``) a problem of the family applies last: a binary
+    operator's ``activation`` attribute (None: none), the unary operator's own; None for ``neg``."""
+    if problem.op in ARITHMETIC:
+        return problem.attrs.get("activation")
     if problem.op == "neg":
         return None
     if problem.op == "gelu":
@@ -119,8 +126,9 @@ def layout(shapes: Sequence[tuple[int, ...]], strides: Sequence[tuple[int, ...] 
 
 # -- binary -------------------------------------------------------------------------------------------
 
-def _b(a: tuple[int, ...], b: tuple[int, ...], views: tuple[str | None, ...] = (), dtype: str = "float32") -> Case:
-    return Case((a, b), {}, dtype, views)
+def _b(a: tuple[int, ...], b: tuple[int, ...], views: tuple[str | None, ...] = (), dtype: str = "float32",
+       activation: str | None = None) -> Case:
+    return Case((a, b), {} if activation is None else {"activation": activation}, dtype, views)
 
 
 #: 0-D, size-1, odd lengths; broadcasting of a scalar, a row, a column, a channel (NCHW bias),
@@ -129,6 +137,16 @@ BINARY_CASES = [
     _b((), ()), _b((1,), (1,)), _b((7,), (7,)), _b((1031,), (1031,)), _b((33, 65), (65,)), _b((33, 65), ()),
     _b((), (5, 3)), _b((33, 1), (33, 65)), _b((3, 1, 5), (4, 5)), _b((2, 3, 4, 5), (3, 1, 1)),
     _b((24, 40), (24, 40), ("T", None)), _b((6, 40), (6, 40), (None, "slice")), _b((6, 40), (40,), ("slice", None)),
+]
+#: the fused activation (cases 13-): each activation on each kernel path: equal shapes (odd and
+#: past any vector width), an NCHW channel bias, a row, a scalar on the left, both sides
+#: broadcast, transposed and sliced views; 0-D and size 1
+ACTIVATION_CASES = [
+    _b((2, 3, 4, 5), (3, 1, 1), activation="gelu"), _b((1031,), (1031,), activation="relu"),
+    _b((33, 65), (65,), activation="gelu_tanh"), _b((), (5, 3), activation="silu"),
+    _b((3, 1, 5), (4, 5), activation="relu"), _b((24, 40), (24, 40), ("T", None), activation="silu"),
+    _b((6, 40), (40,), ("slice", None), activation="gelu"), _b((33, 65), (33, 65), activation="gelu_tanh"),
+    _b((33, 1), (33, 65), activation="relu"), _b((), (), activation="gelu"), _b((1,), (1,), activation="gelu_tanh"),
 ]
 _GPU = [_b((8192, 8192), (8192, 8192)), _b((8192, 8192), (8192, 8192), dtype="float16"),
         _b((8192, 8192), (8192,)), _b((8192, 8192), (8192,), dtype="float16")]
@@ -139,33 +157,47 @@ class Binary(Operator):
 
     operands = ("a", "b")
     bound = "memory"
-    cases = BINARY_CASES
-    quick = (2, 4, 8, 10)
-    empty = [_b((0,), (0,)), _b((3, 0), (1,)), _b((0, 4), (4,))]
+    cases = BINARY_CASES + ACTIVATION_CASES
+    #: the first quick case is the one CI also runs in every other dtype: a fused activation
+    quick = (13, 2, 4, 8, 10, 18)
+    empty = [_b((0,), (0,)), _b((3, 0), (1,)), _b((0, 4), (4,)), _b((0,), (0,), activation="relu"),
+             _b((3, 0), (1,), activation="gelu")]
 
     def __init__(self, name: str, torch_name: str, onnx_name: str, python: Callable[[Any, Any], Any]) -> None:
         self.name = name
-        self.bench = {"cpu": [_b((4096, 1024), (4096, 1024))], "overhead": [_b((16,), (16,))],
-                      "gpu": _GPU if name in ("add", "mul") else _GPU[:2]}
+        cpu, gpu = [_b((4096, 1024), (4096, 1024))], _GPU if name in ("add", "mul") else _GPU[:2]
+        if name == "add":  # ResNet's residual, relu(out + identity): one pass
+            cpu = cpu + [_b((4, 256, 56, 56), (4, 256, 56, 56), activation="relu")]
+            gpu = gpu + [_b((8192, 8192), (8192, 8192), dtype="float16", activation="gelu")]
+        self.bench = {"cpu": cpu, "overhead": [_b((16,), (16,))], "gpu": gpu}
         self.peers = {
-            "numpy": lambda np, a, b: python(a, b),
-            "torch": lambda torch, a, b: getattr(torch, torch_name)(a, b),
-            "jax": lambda jax, a, b: python(a, b),
-            "onnx": lambda: (onnx_name, {}),
+            "numpy": lambda np, a, b, activation=None: _numpy_act(np, activation, python(a, b)),
+            "torch": lambda torch, a, b, activation=None: _torch_act(torch, activation,
+                                                                     getattr(torch, torch_name)(a, b)),
+            "jax": lambda jax, a, b, activation=None: _jax_act(jax, activation, python(a, b)),
+            "onnx": lambda activation=None: _onnx_chain((onnx_name, {}), activation),
         }
         super().__init__()
 
     def normalize(self, shapes: Sequence[tuple[int, ...]], attrs: dict[str, Any]) -> Normalized:
+        act = activation_attr(self.name, attrs.pop("activation", None))
         if attrs:
             raise UnknownAttributeError(f"{self.name}() got unexpected keyword argument(s) {', '.join(attrs)}; "
-                                        f"it takes none")
+                                        f"it takes {', '.join(self.attributes) or 'activation'}")
         a, b = (tuple(s) for s in shapes)
         out = broadcast_shape(self.name, a, b)
-        return Normalized((a, b), Attrs(), out, out, "empty" if math.prod(out) == 0 else None)
+        return Normalized((a, b), Attrs(activation=act), out, out, "empty" if math.prod(out) == 0 else None)
 
-    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def reference(self, a: np.ndarray, b: np.ndarray, activation: str | None = None) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return np.asarray(ARITHMETIC[self.name](np.asarray(a, np.float64), np.asarray(b, np.float64)), np.float64)
+            y = ARITHMETIC[self.name](np.asarray(a, np.float64), np.asarray(b, np.float64))
+            if activation is not None:
+                y = ACTIVATIONS[activation](np.asarray(y, np.float64))
+            return np.asarray(y, np.float64)
+
+    def flops(self, problem: Problem) -> float:
+        """One operation an element, plus the activation's (as its unary operator counts them)."""
+        return (1.0 + ACTIVATION_FLOPS.get(problem.attrs.get("activation"), 0.0)) * math.prod(problem.out_shape)
 
     def sample(self, arrays: list[np.ndarray], case: Case | None = None) -> list[np.ndarray]:
         """For ``div``: divisors kept at least 0.5 from zero (a tiny divisor overflows float16)."""
@@ -187,6 +219,46 @@ class Binary(Operator):
 
 
 _SCALARS = (int, float, bool)
+#: operations per element of each activation (the unary operators' ``flops``)
+ACTIVATION_FLOPS: dict[str | None, float] = {"relu": 1.0, "gelu": 10.0, "gelu_tanh": 10.0, "silu": 4.0}
+
+
+def _numpy_act(np: Any, name: str | None, y: Any) -> Any:
+    """The NumPy (CuPy) peer's activation: a pass of its own, as a NumPy user writes it."""
+    if name is None:
+        return y
+    if name == "relu":
+        return np.maximum(y, 0)
+    if name == "silu":
+        return _silu_np(np, y)
+    return _gelu_np(np, y, "tanh" if name == "gelu_tanh" else "none")
+
+
+def _torch_act(torch: Any, name: str | None, y: Any) -> Any:
+    """torch's activation after its arithmetic, as a torch user writes it: ``F.relu(a + b)``."""
+    if name is None:
+        return y
+    f = torch.nn.functional
+    return f.gelu(y, approximate="tanh") if name == "gelu_tanh" else getattr(f, name)(y)
+
+
+def _jax_act(jax: Any, name: str | None, y: Any) -> Any:
+    """JAX's activation inside the jitted peer (XLA fuses it with the arithmetic)."""
+    if name is None:
+        return y
+    if name in ("gelu", "gelu_tanh"):
+        return jax.nn.gelu(y, approximate=name == "gelu_tanh")
+    return getattr(jax.nn, name)(y)
+
+
+def _onnx_chain(node: tuple[str, dict], activation: str | None) -> Any:
+    """ONNX Runtime's nodes: the arithmetic, then the activation's node on its result (``Add`` +
+    ``Relu``; ``Gelu`` needs opset 20); None for silu (no one node computes it)."""
+    if activation is None:
+        return node
+    act = {"relu": ("Relu", {}), "gelu": ("Gelu", {"approximate": "none"}, 20),
+           "gelu_tanh": ("Gelu", {"approximate": "tanh"}, 20)}.get(activation)
+    return None if act is None else [node, act]
 
 
 def weak_scalars(op: str, a: Any, b: Any) -> tuple[Any, Any]:
@@ -360,13 +432,18 @@ TANH = Unary("tanh", {
 # -- the public functions ----------------------------------------------------------------------------
 
 @ADD.function
-def add(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
-    """``a + b`` elementwise with NumPy broadcasting, as ``torch.add``.
+def add(a: ArrayLike, b: ArrayLike, *, activation: str | None = None, device: DeviceLike = None) -> Tensor:
+    """``a + b`` elementwise with NumPy broadcasting, as ``torch.add``, then ``activation``: one
+    kernel computes ``activation(a + b)`` (``add(out, identity, activation="relu")`` is
+    ``torch.nn.functional.relu(out + identity)`` in one pass over the data).
 
     Args:
         a: a Tensor, a native device array, host data, or a Python int / float (weak: it takes
             the other operand's dtype, so ``add(t16, 1.0)`` stays float16).
         b: the same kinds as ``a``; the two broadcast as NumPy.
+        activation: None, ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (the tanh
+            approximation) or ``"silu"``: applied to each sum as the kernel writes it (float16
+            sums are activated before their one rounding).
         device: run here.
 
     Returns:
@@ -375,24 +452,28 @@ def add(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
     Raises:
         ShapeError: shapes that do not broadcast.
         DtypeError: integer or bool operands.
+        AttributeValueError: an unknown activation.
         DeviceMismatchError: operands on different devices.
     """
 
 
 @SUB.function
-def sub(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
-    """``a - b`` elementwise with NumPy broadcasting, as ``torch.sub``. Arguments and errors as :func:`add`."""
+def sub(a: ArrayLike, b: ArrayLike, *, activation: str | None = None, device: DeviceLike = None) -> Tensor:
+    """``a - b`` elementwise with NumPy broadcasting, as ``torch.sub``, then ``activation`` in the
+    same kernel. Arguments and errors as :func:`add`."""
 
 
 @MUL.function
-def mul(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
-    """``a * b`` elementwise with NumPy broadcasting, as ``torch.mul``. Arguments and errors as :func:`add`."""
+def mul(a: ArrayLike, b: ArrayLike, *, activation: str | None = None, device: DeviceLike = None) -> Tensor:
+    """``a * b`` elementwise with NumPy broadcasting, as ``torch.mul``, then ``activation`` in the
+    same kernel. Arguments and errors as :func:`add`."""
 
 
 @DIV.function
-def div(a: ArrayLike, b: ArrayLike, *, device: DeviceLike = None) -> Tensor:
-    """``a / b`` elementwise with NumPy broadcasting, as ``torch.div`` (true division). Division by
-    zero gives ``inf`` or ``nan`` as IEEE 754 says, with no error. Arguments and errors as :func:`add`."""
+def div(a: ArrayLike, b: ArrayLike, *, activation: str | None = None, device: DeviceLike = None) -> Tensor:
+    """``a / b`` elementwise with NumPy broadcasting, as ``torch.div`` (true division), then
+    ``activation`` in the same kernel. Division by zero gives ``inf`` or ``nan`` as IEEE 754 says,
+    with no error. Arguments and errors as :func:`add`."""
 
 
 @NEG.function

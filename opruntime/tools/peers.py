@@ -15,7 +15,7 @@ name        the operator's      where it runs
 ``torch``   ``peers["torch"]``  the host CPU or a CUDA device; TF32 off
 ``triton``  ``peers["triton"]`` a CUDA device, on torch tensors
 ``jax``     ``peers["jax"]``    the JAX device where the data lives, ``jax.jit`` of it
-``onnx``    ``peers["onnx"]``   the host CPU: one ONNX node run by onnxruntime
+``onnx``    ``peers["onnx"]``   the host CPU: one ONNX node (or a chain) run by onnxruntime
 ==========  ==================  ========================================================
 
 Where the data lives comes from the device's provider (:func:`where`): the DLPack device of one
@@ -201,13 +201,15 @@ def _onnx(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: 
     from onnx import helper
 
     node = _checked("onnx", peer(**case.attrs))
-    op_type, attributes, *newer = node  # (op_type, attributes[, the opset the node needs])
-    opset = max([ONNX_OPSET, *newer])
+    chain = node if isinstance(node, list) else [node]  # a list: each node on the one before's result
+    opset = max([ONNX_OPSET, *(v for n in chain for v in n[2:])])  # (op_type, attributes[, opset needed])
     xs = [h.astype(np_dtype(case.dtype), copy=False) for h in host]
     names = [f"x{i}" for i in range(len(xs))]
     elem = helper.np_dtype_to_tensor_dtype(xs[0].dtype)
+    outs = [f"t{i}" for i in range(len(chain) - 1)] + ["y"]
     graph = helper.make_graph(
-        [helper.make_node(op_type, names, ["y"], **attributes)], case.op,
+        [helper.make_node(n[0], names if i == 0 else [outs[i - 1]], [outs[i]], **n[1]) for i, n in enumerate(chain)],
+        case.op,
         [helper.make_tensor_value_info(n, elem, x.shape) for n, x in zip(names, xs)],
         [helper.make_tensor_value_info("y", elem, op_result_shape(case, xs))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
