@@ -33,8 +33,9 @@ depthwise loop: 1.31 s parallel, 0.58 s plain, its helpers compiled apart).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange, typeof, types
 from numba.core import cgutils
+from numba.core.types import CompileResultWAP
 from numba.extending import intrinsic
 from numba.np.linalg import ensure_blas
 
@@ -556,10 +557,11 @@ def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, g
 
 
 @njit(**OPTIONS)
-def batch_columns(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, first, last):
+def batch_columns(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, mb, code, first, last):
     """The columns of the whole batch: ``cols`` (C * kh * kw, N * Ho * Wo) (image-major positions)
     from ``x`` (N, C, H, W) any strides, zeros for the padding; one task per (image, channel),
-    tasks ``first:last``. A 1x1 conv with stride 1 and no padding copies whole planes."""
+    tasks ``first:last``. A 1x1 conv with stride 1 and no padding copies whole planes. (The
+    arguments of :func:`batch_gemm` too: one signature, one parallel wrapper for both.)"""
     c_in, h, wd = x.shape[1], x.shape[2], x.shape[3]
     hw = ho * wo
     for t in range(first, last):
@@ -572,12 +574,13 @@ def batch_columns(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, first, last):
 
 
 @njit(**OPTIONS)
-def batch_gemm(w2, cols, bias, out, mb, code, first, last):
+def batch_gemm(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, mb, code, first, last):
     """``out[:, block] = w2[block] @ cols`` for blocks of ``mb`` output channels, tasks
     ``first:last``: one BLAS call per block over the whole batch's positions (the weights packed
     once per block, where a GEMM per image packs them once per image: on 7 x 7 maps they
     outweigh its 49 columns), then the block's rows scattered into ``out`` (N, O, Ho * Wo) with
-    the bias and activation (:data:`FUSED`) while they are in cache."""
+    the bias and activation (:data:`FUSED`) while they are in cache; ``out`` is (N, O, Ho * Wo)
+    (the other arguments are :func:`batch_columns`'s)."""
     o_out, kk = w2.shape
     n_img, hw = out.shape[0], out.shape[2]
     npos = n_img * hw
@@ -615,11 +618,12 @@ def batch_gemm(w2, cols, bias, out, mb, code, first, last):
 # the direct sum (inf - inf in the transforms gives NaN), as any Winograd's, the CUDA backend's too.
 
 @njit(**OPTIONS)
-def wino_input(x, v, pt, pl, th, tw, first, last):
+def wino_input(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
     """``v[k, c, tile] = (B^T d B)[k]`` for every 4 x 4 input tile ``d`` (zero-padded): ``x``
     (N, C, H, W) any strides, ``v`` (16, C, N * th * tw). One task per (image, channel), tasks
     ``first:last``: per row of tiles the four input rows are combined down the columns at once,
-    then across each tile's four columns."""
+    then across each tile's four columns. (The four stages take the same arguments: one signature,
+    one parallel wrapper.)"""
     n_img, c_in, h, wd = x.shape
     dt = v.dtype
     width = 2 * tw + 2
@@ -672,7 +676,7 @@ def _g_row(u, k, o, c, a, b, d):
 
 
 @njit(**OPTIONS)
-def wino_weights(w, u, first, last):
+def wino_weights(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
     """``u[o, k, c] = (G g G^T)[k]`` for each 3 x 3 filter ``g = w[o, c]`` (computed in float64),
     ``w`` (O, C, 3, 3), ``u`` (O, 16, C); tasks are output channels ``first:last``. Scalars only.
     (O, 16, C), not (16, O, C): an output channel's 16 rows are then neighbours, where 16 rows
@@ -691,7 +695,7 @@ def wino_weights(w, u, first, last):
 
 
 @njit(**OPTIONS)
-def wino_gemm(u, v, m, mb, first, last):
+def wino_gemm(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
     """``m[k, block] = u[block, k] @ v[k]`` for tasks (tile position k, block of ``mb`` output
     channels) ``first:last``: ``u`` (O, 16, C), ``v`` (16, C, T), ``m`` (16, O, T), one BLAS call
     each (``u[block, k]`` read through its leading dimension 16 C)."""
@@ -710,7 +714,7 @@ def wino_gemm(u, v, m, mb, first, last):
 
 
 @njit(**OPTIONS)
-def wino_output(m, bias, out, th, tw, code, first, last):
+def wino_output(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
     """``out`` (N, O, Ho, Wo) from ``m`` (16, O, N * th * tw): each tile's 2 x 2 outputs
     ``A^T m A``, then the bias and activation (:data:`FUSED`); one task per (image, output
     channel), tasks ``first:last``; the last row or column of tiles may be cut by the map."""
@@ -758,77 +762,88 @@ def reorder_taps(w, wt):
 
 
 # -- the GEMM loops on numba's own threads ---------------------------------------------------------
-# One prange over ``pieces`` contiguous ranges of tasks, each range one call of a plain loop above
-# (compiled once, apart from these small wrappers). The launchers set numba's chunk size to 1 around
-# the call (:func:`.conv.run_dynamic`: not in here, where it would make the loops uncacheable), so
-# the ranges are handed out one at a time: a thread whose core is busy with another library's
-# spinning threads takes fewer of them. On numba's threads, not Python's: after every
-# parallel region (the elementwise kernels between the convolutions) numba's OpenMP workers spin
-# for a while, and on 2 cores a Python thread started meanwhile waits for a core: ResNet-50's
-# convolutions ran a third slower on Python threads.
+# One prange over ``pieces`` contiguous ranges of tasks, each range one call of a plain loop above.
+# The launchers set numba's chunk size to 1 around the call (:func:`.conv.run_dynamic`: not in here,
+# where it would make the loops uncacheable), so the ranges are handed out one at a time: a thread
+# whose core is busy with another library's spinning threads takes fewer of them. On numba's
+# threads, not Python's: after every parallel region (the elementwise kernels between the
+# convolutions) numba's OpenMP workers spin for a while, and on 2 cores a Python thread started
+# meanwhile waits for a core: ResNet-50's convolutions ran a third slower on Python threads.
+#
+# The wrappers call the loop by address (``fn``, a first-class function: :func:`task`), not by
+# name. A call by name links the callee's whole call tree into the caller's LLVM module, which
+# numba then optimizes again (O3) as part of the caller: three times for a ``parallel=True``
+# wrapper (its parfor's kernel, the kernel's gufunc wrapper, the function itself). By address,
+# the loop is optimized once, in its own module, and a wrapper compiles in about 0.35 s whatever
+# the loop: numba_gemm's par_shift took 0.82 s over its loop's 1.0, Winograd's four-stage par_wino
+# 2.9 s over its loops' 2.0. Loops that run one after the other in a kernel take one argument
+# list (the batch's and Winograd's stages), so that one wrapper, compiled once, runs them all.
 
-@njit(parallel=True, **OPTIONS)
-def par_pointwise(x, w, bias, out, groups, nb, code, tasks, pieces):
-    """:func:`pointwise_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
-    for p in prange(pieces):
-        pointwise_gemm(x, w, bias, out, groups, nb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
-
-
-@njit(parallel=True, **OPTIONS)
-def par_shift(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code, tasks, pieces):
-    """:func:`shift_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
-    for p in prange(pieces):
-        shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
-                   tasks * p // pieces, tasks * (p + 1) // pieces)
+_TASKS: dict = {}
 
 
-@njit(parallel=True, **OPTIONS)
-def par_im2col(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code, tasks, pieces):
-    """:func:`im2col_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
-    for p in prange(pieces):
-        im2col_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code,
-                    tasks * p // pieces, tasks * (p + 1) // pieces)
-
-
-@njit(parallel=True, **OPTIONS)
-def par_phase(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, tasks, pieces):
-    """:func:`phase_gemm` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
-    for p in prange(pieces):
-        phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code,
-                   tasks * p // pieces, tasks * (p + 1) // pieces)
+def task(loop, *args):
+    """``loop`` (a plain loop above) compiled, or loaded from the disk cache, for ``args`` and a
+    range of tasks (``first``, ``last``: int64), as a first-class function of that one signature
+    for the ``par_*`` wrappers; kept per loop and operand layout (a few us per call, where numba's
+    ``typeof`` of the arrays would take 5 us each). The loops raise nothing but a failed
+    allocation, which a first-class call reports without raising (numba's C wrapper)."""
+    key = (loop,) + tuple((a.dtype, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable,
+                           a.flags.aligned) if isinstance(a, np.ndarray) else type(a) for a in args)
+    fn = _TASKS.get(key)
+    if fn is None:
+        sig = tuple(typeof(a) for a in args) + (types.int64, types.int64)
+        loop.compile(sig)
+        fn = _TASKS[key] = CompileResultWAP(loop.overloads[sig])
+    return fn
 
 
 @njit(parallel=True, **OPTIONS)
-def par_batch_columns(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, tasks, pieces):
-    """:func:`batch_columns` over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+def par_pointwise(fn, x, w, bias, out, groups, nb, code, tasks, pieces):
+    """:func:`pointwise_gemm` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
-        batch_columns(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, tasks * p // pieces, tasks * (p + 1) // pieces)
+        fn(x, w, bias, out, groups, nb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)
-def par_batch_gemm(w2, cols, bias, out, mb, code, tasks, pieces):
-    """:func:`batch_gemm` over ``tasks`` blocks cut into ``pieces`` ranges, in parallel."""
+def par_shift(fn, x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code, tasks, pieces):
+    """:func:`shift_gemm` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
-        batch_gemm(w2, cols, bias, out, mb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
+        fn(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
+           tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)
-def par_wino(stage, x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, tasks, pieces):
-    """One stage of Winograd (0: :func:`wino_input`, 1: :func:`wino_weights`, 2: :func:`wino_gemm`,
-    3: :func:`wino_output`) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel: one
-    parallel wrapper for the four (each wrapper compiles its own parallel region: four took the
-    kernel's first use to 5 s)."""
+def par_im2col(fn, x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code, tasks, pieces):
+    """:func:`im2col_gemm` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
-        a = tasks * p // pieces
-        b = tasks * (p + 1) // pieces
-        if stage == 0:
-            wino_input(x, v, pt, pl, th, tw, a, b)
-        elif stage == 1:
-            wino_weights(w, u, a, b)
-        elif stage == 2:
-            wino_gemm(u, v, m, mb, a, b)
-        else:
-            wino_output(m, bias, out, th, tw, code, a, b)
+        fn(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code,
+           tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(parallel=True, **OPTIONS)
+def par_phase(fn, x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, tasks, pieces):
+    """:func:`phase_gemm` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        fn(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code,
+           tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(parallel=True, **OPTIONS)
+def par_batch(fn, x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, mb, code, tasks, pieces):
+    """A stage of ``numba_batch`` (``fn``: :func:`batch_columns` or :func:`batch_gemm`) over
+    ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        fn(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, mb, code,
+           tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(parallel=True, **OPTIONS)
+def par_wino(fn, x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, tasks, pieces):
+    """A stage of Winograd (``fn``: :func:`wino_input`, :func:`wino_weights`, :func:`wino_gemm`
+    or :func:`wino_output`) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        fn(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)

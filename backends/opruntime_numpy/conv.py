@@ -489,11 +489,11 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
                     if taps_gemm:
                         wt = np.empty((kh * kw, o, cg), dt)
                         jit.call(nb.reorder_taps, w2.reshape(o, cg, kh * kw), wt)
-                    run_dynamic(nb.par_phase, x, w2.reshape(-1), wt.reshape(-1), b, out, kh, kw, sh, sw, dh, dw, pt, pl,
-                                wq, block, g, fused, tasks, pieces)
+                    run_tasks(nb, nb.par_phase, nb.phase_gemm, (x, w2.reshape(-1), wt.reshape(-1), b, out, kh, kw, sh, sw,
+                              dh, dw, pt, pl, wq, block, g, fused), tasks, pieces)
                 else:
-                    run_dynamic(nb.par_im2col, x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block, fused, tasks,
-                             pieces)
+                    run_tasks(nb, nb.par_im2col, nb.im2col_gemm, (x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block,
+                              fused), tasks, pieces)
             _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
@@ -559,6 +559,14 @@ def run_dynamic(loop: Any, *args: Any) -> None:
         numba.set_parallel_chunksize(old)
 
 
+def run_tasks(nb: Any, wrapper: Any, loop: Any, args: tuple, tasks: int, pieces: int) -> None:
+    """``loop(*args, first, last)`` over ``range(tasks)`` in ``pieces`` ranges on numba's threads:
+    the ``par_*`` ``wrapper`` of :mod:`._nb_conv` (``nb``) calling the loop by address
+    (:func:`._nb_conv.task`: each compiles apart, the wrapper in a fraction of a second), through
+    :func:`run_dynamic`."""
+    run_dynamic(wrapper, nb.task(loop, *args), *args, tasks, pieces)
+
+
 def _pieces(tasks: int, problem: Problem) -> int:
     """Ranges of tasks the GEMM loops run in parallel: :data:`PIECES_PER_THREAD` per thread, one
     for few flops (a parallel region's hand-off costs more) or where BLAS cannot be held to one
@@ -600,14 +608,16 @@ def prepare_numba_gemm(problem: Problem, config: Any) -> Any:
                 xs = np.ascontiguousarray(x, dt).reshape(n, c, h * wd)
                 wf = np.ascontiguousarray(w, dt).reshape(-1)
                 with _blas.one_thread():
-                    run_dynamic(nb.par_pointwise, xs, wf, b, out.reshape(n, o, ho * wo), g, block, fused, tasks, pieces)
+                    run_tasks(nb, nb.par_pointwise, nb.pointwise_gemm, (xs, wf, b, out.reshape(n, o, ho * wo), g, block,
+                              fused), tasks, pieces)
             else:
                 xs = x.astype(dt, copy=False)
                 wt = np.empty((kh * kw, o, cg), dt)
                 jit.call(nb.reorder_taps, np.ascontiguousarray(w, dt).reshape(o, cg, kh * kw), wt)
                 wt = wt.reshape(-1)
                 with _blas.one_thread():
-                    run_dynamic(nb.par_shift, xs, wt, b, out, kh, kw, dh, dw, pt, pl, wp, block, g, fused, tasks, pieces)
+                    run_tasks(nb, nb.par_shift, nb.shift_gemm, (xs, wt, b, out, kh, kw, dh, dw, pt, pl, wp, block, g,
+                              fused), tasks, pieces)
             _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
@@ -682,10 +692,10 @@ def prepare_numba_batch(problem: Problem, config: Any) -> Any:
         out = buffers.empty(problem.out_shape, dt)
         if out.size:
             cols = buffers.empty((c * kh * kw, n * ho * wo), dt)
-            run_dynamic(nb.par_batch_columns, x, cols, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, n * c, col_pieces)
+            args = (x, w2, cols, b, out.reshape(n, o, ho * wo), kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, mb, fused)
+            run_tasks(nb, nb.par_batch, nb.batch_columns, args, n * c, col_pieces)
             with _blas.one_thread():
-                run_dynamic(nb.par_batch_gemm, w2, cols, b, out.reshape(n, o, ho * wo), mb, fused, blocks,
-                            gemm_pieces)
+                run_tasks(nb, nb.par_batch, nb.batch_gemm, args, blocks, gemm_pieces)
             _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
@@ -752,11 +762,11 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
             u = buffers.empty((o, 16, c), dt)
             m = buffers.empty((16, o, tiles), dt)
             args = (x, v, w.astype(dt, copy=False), u, m, b, out, pt, pl, th, tw, mb, fused)
-            run_dynamic(nb.par_wino, 0, *args, n * c, p_in)
-            run_dynamic(nb.par_wino, 1, *args, o, p_w)
+            run_tasks(nb, nb.par_wino, nb.wino_input, args, n * c, p_in)
+            run_tasks(nb, nb.par_wino, nb.wino_weights, args, o, p_w)
             with _blas.one_thread():
-                run_dynamic(nb.par_wino, 2, *args, blocks, p_g)
-            run_dynamic(nb.par_wino, 3, *args, n * o, p_out)
+                run_tasks(nb, nb.par_wino, nb.wino_gemm, args, blocks, p_g)
+            run_tasks(nb, nb.par_wino, nb.wino_output, args, n * o, p_out)
             _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
