@@ -7,7 +7,8 @@ blocks with ``conv1/bn1/conv2/bn2/conv3/bn3/downsample``, ``fc``), the stride on
 (ResNet v1.5) and the same initialisation, so state_dicts load into either.
 
 :class:`OprResNet50` runs the same function with ``opr.conv2d`` (bias and ReLU fused:
-``activation="relu"``), ``opr.max_pool2d``, ``opr.add`` + ``opr.relu`` for the residuals,
+``activation="relu"``), ``opr.max_pool2d``, ``opr.add(out, identity, activation="relu")`` for the
+residuals (the add and its ReLU one kernel, one pass),
 ``opr.adaptive_avg_pool2d`` and ``opr.linear``. Batch norm is folded into the convolutions'
 weights by :func:`fold_batch_norm` (the default), or run as ``opr.batch_norm`` after each
 convolution (``fold=False``, ``--no-fold``).
@@ -224,7 +225,8 @@ class ConvBN:
 
 
 class OprBottleneck:
-    """A Bottleneck block: three ConvBNs, the shortcut (a strided 1x1 ConvBN or the identity), add, ReLU."""
+    """A Bottleneck block: three ConvBNs, the shortcut (a strided 1x1 ConvBN or the identity), and
+    the residual's add and ReLU as one fused kernel."""
 
     def __init__(self, block: nn.Module, device: opr.Device, dtype: str, fold: bool) -> None:
         self.c1 = ConvBN(block.conv1, block.bn1, device, dtype, fold)
@@ -236,7 +238,7 @@ class OprBottleneck:
     def __call__(self, x: opr.Tensor) -> opr.Tensor:
         out = self.c3(self.c2(self.c1(x, relu=True), relu=True), relu=False)
         identity = x if self.down is None else self.down(x, relu=False)
-        return opr.relu(opr.add(out, identity))
+        return opr.add(out, identity, activation="relu")  # relu(out + identity) in one pass
 
 
 class OprResNet50:
