@@ -35,7 +35,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, typeof, types
 from numba.core import cgutils
-from numba.core.types import CompileResultWAP
 from numba.extending import intrinsic
 from numba.np.linalg import ensure_blas
 
@@ -779,13 +778,35 @@ def reorder_taps(w, wt):
 # 2.9 s over its loops' 2.0. Loops that run one after the other in a kernel take one argument
 # list (the batch's and Winograd's stages), so that one wrapper, compiled once, runs them all.
 
+class _Task:
+    """A compiled loop as a first-class function argument: its C wrapper's address and its type.
+    Not a ``WrapperAddressProtocol`` subclass: numba types those by building a ``FunctionType``
+    from the signature on every call (8 us of the wrapper's dispatch, 4 calls per Winograd); this
+    one carries its type (``_numba_type_``), and numba reads its address through the protocol's
+    ``__wrapper_address__``."""
+
+    __slots__ = ("cres", "address", "sig", "_numba_type_")
+
+    def __init__(self, cres) -> None:
+        self.cres = cres  # keeps the code alive
+        self.address = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+        self.sig = cres.signature
+        self._numba_type_ = types.FunctionType(self.sig)
+
+    def __wrapper_address__(self) -> int:
+        return self.address
+
+    def signature(self):
+        return self.sig
+
+
 _TASKS: dict = {}
 
 
 def task(loop, *args):
     """``loop`` (a plain loop above) compiled, or loaded from the disk cache, for ``args`` and a
     range of tasks (``first``, ``last``: int64), as a first-class function of that one signature
-    for the ``par_*`` wrappers; kept per loop and operand layout (a few us per call, where numba's
+    for the ``par_*`` wrappers; kept per loop and operand layout (2 us per call, where numba's
     ``typeof`` of the arrays would take 5 us each). The loops raise nothing but a failed
     allocation, which a first-class call reports without raising (numba's C wrapper)."""
     key = (loop,) + tuple((a.dtype, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable,
@@ -794,7 +815,7 @@ def task(loop, *args):
     if fn is None:
         sig = tuple(typeof(a) for a in args) + (types.int64, types.int64)
         loop.compile(sig)
-        fn = _TASKS[key] = CompileResultWAP(loop.overloads[sig])
+        fn = _TASKS[key] = _Task(loop.overloads[sig])
     return fn
 
 
