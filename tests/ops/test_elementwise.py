@@ -1,6 +1,7 @@
 """The elementwise operators' own semantics, on every device present: broadcasting and its error,
 weak Python scalars (float16 stays float16), bool and integer operands refused, IEEE division by
-zero, NaN propagation, the sign of zero under ``neg``, gelu's two approximations, every kernel
+zero, NaN propagation, the sign of zero under ``neg``, gelu's two approximations, the binary
+operators' fused ``activation=`` (validated as linear's; against torch), every kernel
 path (vector, broadcast, strided) against the float64 reference, and the CUDA launcher
 ``binary_act`` (GPU only). The conformance suite covers the operators' cases on every kernel."""
 
@@ -60,6 +61,26 @@ def test_attributes_are_checked():
         OPS["add"](x, x, alpha=2.0, device="cpu")
     with pytest.raises(UnknownAttributeError, match=r"silu\(\) got unexpected keyword argument\(s\) inplace"):
         OPS["silu"](x, inplace=True, device="cpu")
+
+
+@pytest.mark.parametrize("op", BINARY_OPS)
+def test_activation_is_validated_as_linears(op):
+    """The binary operators' ``activation=`` takes exactly what linear's and conv2d's take, with
+    the same typed error; it is keyword-only."""
+    x = np.ones(3, np.float32)
+    fn = getattr(opr, op)
+    for bad in ("tanh", "sigmoid", "Relu", 1, True):
+        with pytest.raises(AttributeValueError, match=rf"{op}: activation must be None or one of 'relu', 'gelu', "
+                                                      rf"'gelu_tanh', 'silu'; got {bad!r}"):
+            fn(x, x, activation=bad, device="cpu")
+        with pytest.raises(AttributeValueError, match="linear: activation must be None or one of 'relu', 'gelu', "
+                                                      "'gelu_tanh', 'silu'"):
+            opr.linear(x, np.ones((2, 3), np.float32), activation=bad, device="cpu")
+    with pytest.raises(TypeError):
+        fn(x, x, "relu", device="cpu")  # keyword-only
+    with pytest.raises(UnknownAttributeError, match=rf"{op}\(\) got unexpected keyword argument\(s\) alpha; "
+                                                    r"it takes activation"):
+        OPS[op](x, x, alpha=2.0, device="cpu")
 
 
 # -- semantics on every device --------------------------------------------------------------------------
@@ -177,6 +198,40 @@ def test_strided_views_are_read_in_place(device, rng):
     np.testing.assert_allclose(opr.mul(view, row).numpy(), x * row, rtol=1e-6)
     np.testing.assert_allclose(opr.silu(view).numpy(), _ref("silu", x), rtol=1e-5)
     np.testing.assert_allclose(opr.add(view, view).numpy(), 2 * x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_fused_activation_matches_torch(device, act, rng):
+    """``add(out, identity, activation=act)`` is ``act(out + identity)`` as torch computes it (the
+    residual of a ResNet block), on every kernel path; each operator; NaN stays NaN."""
+    torch = pytest.importorskip("torch")
+    f = torch.nn.functional
+    tact = (lambda y: f.gelu(y, approximate="tanh")) if act == "gelu_tanh" else getattr(f, act)
+    out = rng.standard_normal((2, 6, 5, 7)).astype(np.float32)
+    # standard normal draws (the errors are judged against the largest result: a draw that puts every
+    # result in gelu's tail would judge float32 gelu's absolute accuracy, torch's, relative to 1e-7)
+    for other in (rng.standard_normal((2, 6, 5, 7)), rng.standard_normal((6, 1, 1)), rng.standard_normal((5, 1))):
+        other = np.where(np.abs(other) < 0.5, 0.5, other).astype(np.float32)  # divisors away from zero
+        for op, tfn in (("add", torch.add), ("sub", torch.sub), ("mul", torch.mul), ("div", torch.div)):
+            got = getattr(opr, op)(opr.tensor(out, device=device), opr.tensor(other, device=device), activation=act)
+            assert got.shape == out.shape and got.dtype == np.float32
+            want = tact(tfn(torch.from_numpy(out).double(), torch.from_numpy(other).double())).numpy()
+            assert rel_err(got.numpy(), want) <= TOLERANCE["float32"], (op, act, other.shape)
+    x = np.array([np.nan, 1.5, -2.0, 0.0], np.float32)
+    got = opr.add(opr.tensor(x, device=device), 0.25, activation=act).numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_float16_activation_rounds_once(device, act, rng):
+    """float16 operands: the sum is activated before its one rounding (not rounded, activated
+    and rounded again), within the float16 tolerance of the float64 reference."""
+    skip_unless_dtype(device, "add", "float16")
+    a = rng.standard_normal((33, 65)).astype(np.float16)
+    b = rng.standard_normal(65).astype(np.float16)
+    got = opr.add(opr.tensor(a, device=device), opr.tensor(b, device=device), activation=act)
+    assert got.dtype == np.float16
+    assert rel_err(got.numpy(), _ref("add", a, b, activation=act)) <= TOLERANCE["float16"]
 
 
 # -- the layout the CUDA and OpenCL kernels read -----------------------------------------------------------
