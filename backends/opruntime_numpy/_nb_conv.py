@@ -329,8 +329,9 @@ def im2col_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, co
     cf = cols.reshape(-1)
     wf = w2.reshape(-1)
     of = out.reshape(-1)
-    ab = np.zeros(2, dt)
+    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
     ab[0] = 1
+    ab[1] = 0
     for t in range(first, last):
         n = t // (groups * nblk)
         r = t - n * groups * nblk
@@ -366,8 +367,9 @@ def pointwise_gemm(x, w, bias, out, groups, nb, code, first, last):
     dt = out.dtype
     xf = x.reshape(-1)
     of = out.reshape(-1)
-    ab = np.zeros(2, dt)
+    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
     ab[0] = 1
+    ab[1] = 0
     for t in range(first, last):
         n = t // (groups * nblk)
         r = t - n * groups * nblk
@@ -405,7 +407,7 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
     dt = out.dtype
     buf = np.empty(cg * plane, dt)  # every row read for a kept output is written whole below
     acc = np.empty(og * rows * wp, dt)
-    ab = np.zeros(2, dt)
+    ab = np.empty(2, dt)  # set per tap
     for t in range(first, last):
         n = t // (groups * nblk)
         r = t - n * groups * nblk
@@ -501,8 +503,9 @@ def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, g
     buf = np.empty(cg * nph * plane, dt)  # rows written whole; the slack reaches dropped columns only
     cols = np.empty(kk * rows * wq, dt)
     acc = np.empty(og * rows * wq, dt)
-    ab = np.zeros(2, dt)
+    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
     ab[0] = 1
+    ab[1] = 0
     for t in range(first, last):
         n = t // (groups * nblk)
         r = t - n * groups * nblk
@@ -586,8 +589,9 @@ def batch_gemm(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, m
     has_bias = bias.shape[0] > 0
     dt = out.dtype
     acc = np.empty(mb * npos, dt)
-    ab = np.zeros(2, dt)
+    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
     ab[0] = 1
+    ab[1] = 0
     wf = w2.reshape(-1)
     cf = cols.reshape(-1)
     for t in range(first, last):
@@ -626,7 +630,7 @@ def wino_input(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
     n_img, c_in, h, wd = x.shape
     dt = v.dtype
     width = 2 * tw + 2
-    rows = np.zeros((4, width), dt)
+    rows = np.empty((4, width), dt)  # each row written whole per row of tiles
     tr = np.empty((4, width), dt)
     for t in range(first, last):
         n = t // c_in
@@ -702,8 +706,9 @@ def wino_gemm(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
     tiles = v.shape[2]
     nblk = (o_out + mb - 1) // mb
     uf, vf, mf = u.reshape(-1), v.reshape(-1), m.reshape(-1)
-    ab = np.zeros(2, m.dtype)
+    ab = np.empty(2, m.dtype)
     ab[0] = 1
+    ab[1] = 0
     for t in range(first, last):
         k = t // nblk
         o0 = (t - k * nblk) * mb
