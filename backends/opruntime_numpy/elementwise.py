@@ -29,21 +29,29 @@ from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
 UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 _quiet = np.errstate(divide="ignore", invalid="ignore", over="ignore")  # IEEE results, no warnings
+#: elements of a binary result the NumPy kernel activates at a time (gelu, silu: one temporary
+#: of this many elements, 128 KB in float32, instead of one of the result's size)
+ACT_BLOCK = 1 << 15
 
 
 @_quiet
 def binary(problem: Problem, config: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The ufunc into a new array of the broadcast shape (0-d too: a bare ufunc call would return
-    a scalar), then the activation in place on it. relu is exact in any dtype; the others on
-    float16 take a float32 result (the ufunc computes in float32 from the float16 operands) and
-    round once at the end."""
+    a scalar), then the activation in place on it, block by block (no second result-sized
+    array). relu is exact in any dtype; the others on float16 take a float32 result (the ufunc
+    computes in float32 from the float16 operands) and round once at the end."""
     act = activation(problem)
     wide = a.dtype is F16 and act not in (None, "relu")
     out = np.empty(problem.out_shape, np.float32 if wide else a.dtype)
     UFUNCS[problem.op](a, b, out=out, dtype=out.dtype)
     if act is None:
         return out
-    activate(act, out.reshape(-1))  # 1-d: on a 0-d array NumPy's ufuncs give scalars
+    flat = out.reshape(-1)  # 1-d: on a 0-d array NumPy's ufuncs give scalars
+    if act == "relu":  # no temporary
+        activate(act, flat)
+    else:  # by blocks: the activation's temporary is a block's, in cache, not a second result
+        for i in range(0, flat.shape[0], ACT_BLOCK):
+            activate(act, flat[i:i + ACT_BLOCK])
     return out.astype(np.float16) if wide else out
 
 

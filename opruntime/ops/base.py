@@ -38,7 +38,7 @@ from ..tensor import Tensor, adopt, host_array, signature_id
 FLOAT_ORDER = ("float16", "bfloat16", "float32", "float64")
 
 
-#: The activations an epilogue (``linear``'s and ``conv2d``'s ``activation=``) or an elementwise
+#: The activations an epilogue (``linear``'s, ``conv2d``'s, ``add``'s... ``activation=``) or an elementwise
 #: operator applies, as float64 references. Backends map the same names to their code
 #: (``epilogue.cuh`` / ``epilogue.cl`` / ``epilogue.py`` of each backend). Both GELUs are written
 #: without cancellation for negative x: ``1 + erf(t)`` as ``erfc(-t)``, ``0.5 (1 + tanh(u))`` as
@@ -149,7 +149,8 @@ class Case:
 #: ``peer(lib, *arrays, **attrs) -> result``: the operator computed by another library, given that
 #: library's module and the operands already placed for it: ``"numpy"`` (the bench passes CuPy as
 #: ``lib`` on CUDA devices), ``"torch"`` (and ``"triton"``: torch tensors), ``"jax"``. ``"onnx"``
-#: is ``onnx(**attrs) -> (op_type, attributes)``: the one ONNX node that computes it.
+#: is ``onnx(**attrs) -> (op_type, attributes[, opset])``: the one ONNX node that computes it (or a
+#: list of such nodes, a chain: each takes the one before's result, as ``Add`` then ``Relu``).
 Peer = Callable[..., Any]
 
 
