@@ -722,18 +722,28 @@ attn_softmax(ACC* __restrict__ X, const void* __restrict__ M, const AttnParams p
 }
 // ===============================================================================================
 #elif FAMILY == 4
-// FlashAttention with Hopper's warpgroup MMA (wgmma, sm_90a; other targets build a trap). One
-// block per (tile of BM = 64 NWG query rows, batch x head); NWG warpgroups of 128 threads, each
-// owning 64 rows. q, k and v tiles arrive by cp.async in the 128-byte swizzle the descriptors
-// name (matmul_wgmma.cu's conventions, checked on an H200): rows of 64 elements (128 bytes),
-// chunk c of row r at c ^ (r % 8), 64-wide atoms of the head dim one after another. Per key tile
-// a warpgroup computes S = q k^T with m64nBNk16 (both operands in shared memory), the online
-// softmax in registers exactly as the mma.sync kernel (the accumulator layout per warp is the
-// same: rows g and g + 8, columns 2 t, 2 t + 1 of each n8 tile), and O += P v with m64nDVk16,
-// P from registers (each warp's rows as m16n8k16 A fragments), v read n-contiguous and
-// transposed by the instruction. k and v stream through two stages each, the next tile's copies
-// in flight while this one is multiplied. Needs 16-byte copies (unit last strides, aligned rows);
-// head dims padded to 64, 128 or 256.
+// FlashAttention with Hopper's warpgroup MMA (wgmma, sm_90a; other targets build a trap), warp
+// specialised as FlashAttention-3. Persistent blocks (one per SM) take work items (a tile of BM = 64
+// NWG query rows of one batch x head) in turn; each block is a producer warpgroup and NWG consumer
+// warpgroups of 64 query rows each, and the next item's q and k tiles load while the consumers
+// finish the last one.
+//   Producer: copies the q tile and the k and v tiles with cp.async, in the 128-byte swizzle the
+//   descriptors name (matmul_wgmma.cu's conventions: rows of 64 elements, chunk c of row r at
+//   c ^ (r % 8), 64-wide atoms of the head dim one after another), into two stages each for k
+//   and v. Each copy ends with cp.async.mbarrier.arrive on the stage's "full" barrier; before
+//   refilling a stage it waits on its "empty" barrier. It gives its registers to the consumers.
+//   Consumers: per key tile, S = q k^T with m64nBNk16 (both operands in shared memory), the
+//   online softmax in registers (per warp the accumulator layout of the mma.sync kernel: rows g
+//   and g + 8, columns 2 t, 2 t + 1 of each n8 tile), and O += P v with m64nDVk16, P from
+//   registers as A fragments, v read n-contiguous and transposed by the instruction. Two overlaps
+//   keep the tensor cores busy: within a warpgroup, the scores of tile j + 1 and P v of tile j
+//   are issued together and the softmax of tile j + 1 runs while P v is multiplied; between the
+//   two warpgroups (NWG 2), named barriers take turns at issuing, so one warpgroup's softmax runs
+//   while the other's products are on the tensor cores. Each stage is released (an arrive on its
+//   "empty" barrier) as soon as the product that reads it has landed. Causal: tiles past the
+//   block's last row are never loaded; both warpgroups run the same tiles (their turns alternate)
+//   and the diagonal is masked element by element. The output is written from the registers.
+// Needs 16-byte copies (unit last strides, aligned rows); head dims padded to 64, 128 or 256.
 #if DTYPE != 1 && DTYPE != 2
 #error "attn_wgmma: float16 or bfloat16"
 #endif
@@ -750,29 +760,29 @@ attn_softmax(ACC* __restrict__ X, const void* __restrict__ M, const AttnParams p
 #define NWG 2
 #endif
 #define BM (64 * NWG)
-#define NT (NWG * 128)
+#define PT 128                      // producer threads
+#define NT ((NWG + 1) * 128)
 static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256, "64-wide atoms of the head dims");
 static_assert(BN == 64 || BN == 128 || BN == 256, "one m64nBNk16 per k-step of S");
 static_assert(NWG == 1 || NWG == 2, "64 or 128 query rows per block");
 #define QA (D / 64)                 // 64-wide atoms of q / k rows
 #define VA (DV / 64)                // ... and of v rows
+#define Q_BYTES (BM * D * 2)        // the q tile (a multiple of 1024)
 #define K_BYTES (BN * D * 2)        // one stage of k
 #define V_BYTES (BN * DV * 2)       // one stage of v
-#define OROW (DV + 8)               // output staging row (elements)
-#define Q_REGION (((BM * D > BM * OROW ? BM * D : BM * OROW) * 2 + 1023) / 1024 * 1024)
 
-// ROWS rows of ATOMS x 64 elements into the swizzled layout: atom a at a * ROWS * 128 bytes, row
-// r at r * 128, chunk c at (c ^ (r % 8)) * 16; rows from rows_left on and columns from cols on
-// are zeros. Row r of the source starts at g + r * sr (unit column stride).
+// ROWS rows of ATOMS x 64 elements into the swizzled layout, by the PT producer threads: atom a at
+// a * ROWS * 128 bytes, row r at r * 128, chunk c at (c ^ (r % 8)) * 16; rows from rows_left on and
+// columns from cols on are zeros. Row r of the source starts at g + r * sr (unit column stride).
 template <int ROWS, int ATOMS>
 __device__ __forceinline__ void load_swizzled(unsigned s, const bits16* g, i64 sr, int rows_left, int cols, int tid) {
-    constexpr int CH = ATOMS * 8, STEP = NT / CH, ITER = ROWS * CH / NT;
-    static_assert(NT % CH == 0 && (ROWS * CH) % NT == 0, "whole rows per pass");
+    constexpr int CH = ATOMS * 8, STEP = PT / CH, ITER = ROWS * CH / PT;
+    static_assert(PT % CH == 0 && (ROWS * CH) % PT == 0, "whole rows per pass");
     const int r0 = tid / CH, c = tid - r0 * CH;
     const bool cok = c * 8 < cols;
     const bits16* src = g + (i64)r0 * sr + c * 8;
     const unsigned dst = s + (c >> 3) * ROWS * 128;
-#pragma unroll
+#pragma unroll 4  // not whole: the producer keeps its registers few
     for (int it = 0; it < ITER; ++it, src += STEP * sr) {
         const int r = r0 + it * STEP;
         const bool ok = cok && r < rows_left;
@@ -787,15 +797,80 @@ attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bit
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // descriptors address 1024-byte swizzle atoms: align the tiles by hand
     const unsigned raw = smem_addr(smem_raw);
-    const unsigned sQ = (raw + 1023) & ~1023u, sK = sQ + Q_REGION, sV = sK + 2 * K_BYTES;
-    bits16* stage_out = reinterpret_cast<bits16*>(smem_raw + (sQ - raw));
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
-    const int g = lane >> 2, t = lane & 3;
+    const unsigned sQ = (raw + 1023) & ~1023u, sK = sQ + Q_BYTES, sV = sK + 2 * K_BYTES, bars = sV + 2 * V_BYTES;
+    // mbarriers (8 bytes each): q full / empty, then k full, k empty, v full, v empty of each stage
+    const unsigned q_full = bars, q_empty = bars + 8;
+#define K_FULL(st) (bars + 16 + 8 * (st))
+#define K_EMPTY(st) (bars + 32 + 8 * (st))
+#define V_FULL(st) (bars + 48 + 8 * (st))
+#define V_EMPTY(st) (bars + 64 + 8 * (st))
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        mbar_init(q_full, PT);
+        mbar_init(q_empty, NWG * 4);  // one arrive per consumer warp
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+            mbar_init(K_FULL(st), PT);
+            mbar_init(V_FULL(st), PT);
+            mbar_init(K_EMPTY(st), NWG * 4);
+            mbar_init(V_EMPTY(st), NWG * 4);
+        }
+    }
+    __syncthreads();
     const int L = p.L, S = p.S;
-    const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
-    const int m0 = mb * BM, wg0 = m0 + wg * 64, wr0 = m0 + warp * 16;  // block's, warpgroup's, warp's first row
-    const int n_end = CAUSAL ? min(S, m0 + BM) : S;
-    const int nt = (n_end + BN - 1) / BN;
+    const int n_mb = (L + BM - 1) / BM, BH = p.B * p.H;
+    // heads in groups whose k and v fit half the L2 (50 MiB), m-blocks within a group (heaviest,
+    // causal, first) and heads within an m-block: the blocks running at once share k and v
+    const int HG = max(1, min(BH, (int)((25ll << 20) / max(1ll, (i64)S * (p.E + p.Ev) * 2))));
+    const i64 items = (i64)n_mb * BH;
+    // work item w: its (batch x head, first row, key tiles)
+    auto item = [&](i64 w, int& bh, int& m0, int& nt) {
+        const i64 per_group = (i64)n_mb * HG;
+        const int grp = (int)(w / per_group), hg = min(HG, BH - grp * HG);
+        const i64 wi = w - grp * per_group;
+        const int mi = (int)(wi / hg);
+        bh = grp * HG + (int)(wi - (i64)mi * hg);
+        m0 = (CAUSAL ? n_mb - 1 - mi : mi) * BM;
+        nt = ((CAUSAL ? min(S, m0 + BM) : S) + BN - 1) / BN;
+    };
+
+    if (tid < PT) {
+        // ---- producer
+#if NWG == 2
+        setmaxnreg_dec<40>();
+#endif
+        int it = 0;  // tiles issued by this block (stage it & 1, its use (it >> 1) & 1 of the stage)
+        int qi = 0;
+        for (i64 w = blockIdx.x; w < items; w += gridDim.x, ++qi) {
+            int bh, m0, nt;
+            item(w, bh, m0, nt);
+            const int b = bh / p.H, h = bh - b * p.H;
+            const bits16* q = Q + b * p.sq[0] + (h / p.gq) * p.sq[1] + (i64)m0 * p.sq[2];
+            const bits16* k = K + b * p.sk[0] + (h / p.gk) * p.sk[1];
+            const bits16* v = V + b * p.sv[0] + (h / p.gv) * p.sv[1];
+            mbar_wait(q_empty, (qi & 1) ^ 1);  // the previous (batch, head) is done with q
+            load_swizzled<BM, QA>(sQ, q, p.sq[2], L - m0, p.E, tid);
+            cp_async_arrive_noinc(q_full);
+            for (int j = 0; j < nt; ++j, ++it) {
+                const int st = it & 1, free = ((it >> 1) & 1) ^ 1;
+                mbar_wait(K_EMPTY(st), free);
+                load_swizzled<BN, QA>(sK + st * K_BYTES, k + (i64)j * BN * p.sk[2], p.sk[2], S - j * BN, p.E, tid);
+                cp_async_arrive_noinc(K_FULL(st));
+                mbar_wait(V_EMPTY(st), free);
+                load_swizzled<BN, VA>(sV + st * V_BYTES, v + (i64)j * BN * p.sv[2], p.sv[2], S - j * BN, p.Ev, tid);
+                cp_async_arrive_noinc(V_FULL(st));
+            }
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ---- consumers
+#if NWG == 2
+    setmaxnreg_inc<232>();
+#endif
+    const int ctid = tid - PT, lane = tid & 31, cw = ctid >> 5, c = ctid >> 7;  // consumer thread, warp, warpgroup
+    const int g = lane >> 2, t = lane & 3;
     const float sl2 = p.scale_log2;
 #if MASK == 1
     const unsigned char* mk = reinterpret_cast<const unsigned char*>(M);
@@ -804,126 +879,197 @@ attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bit
 #else
     (void)M;
 #endif
+    const unsigned qbase = sQ + c * 64 * 128;
+    float o[DV / 2], s[BN / 2], m_r[2], l_r[2], alpha[2];
+    unsigned pa[BN / 16][4];
 
-    for (int bh = blockIdx.y; bh < p.B * p.H; bh += gridDim.y) {
-        const int b = bh / p.H, h = bh - b * p.H;
-        const bits16* q = Q + b * p.sq[0] + (h / p.gq) * p.sq[1] + (i64)m0 * p.sq[2];
-        const bits16* k = K + b * p.sk[0] + (h / p.gk) * p.sk[1];
-        const bits16* v = V + b * p.sv[0] + (h / p.gv) * p.sv[1];
+    // turns at the tensor cores (NWG 2): warpgroup c waits for barrier 1 + c before issuing its
+    // products and then lets the other one go; warpgroup 0 goes first
+    auto turn_wait = [&]() {
+#if NWG == 2
+        named_bar_sync(1 + c, 256);
+#endif
+    };
+    auto turn_pass = [&]() {
+#if NWG == 2
+        named_bar_arrive(2 - c, 256);
+#endif
+    };
+#if NWG == 2
+    if (c == 1) named_bar_arrive(1, 256);
+#endif
+    // stage bookkeeping of tile it: its stage and the parity of that stage's fill
+    auto wait_full = [&](unsigned bar, int it) {
+        mbar_wait(bar, (it >> 1) & 1);
+        fence_proxy_async();  // the producer's copies, seen through the barrier, for the tensor cores
+    };
+    auto release = [&](unsigned bar) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    };
+    // S = q k^T into s (stage st), asynchronously, within the current wgmma group
+    auto issue_scores = [&](int st) {
+        const unsigned kbase = sK + st * K_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_ss<BN>(s, desc(qbase + (kk >> 2) * BM * 128 + (kk & 3) * 32, 16, 1024),
+                         desc(kbase + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16, 1024), kk);
+    };
+    auto issue_pv = [&](int st) {
+        const unsigned vbase = sV + st * V_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<DV>(o, pa[kk], desc(vbase + kk * 16 * 128, BN * 128, 1024));
+    };
 #if MASK
-        i64 mrow[2];
+    i64 mrow[2];
+    i64 smc = 0;
+#endif
+    // the scores of key tile j (landed in s) into base 2, masked, and the online softmax: s becomes
+    // 2^(s - m), m_r and l_r move on, alpha is the factor the output so far must take (applied once
+    // the product in flight has landed). s[4 n + e] is row g + 8 (e >> 1), key n0 + 8 n + 2 t +
+    // (e & 1); the quad t = 0..3 shares rows g and g + 8.
+    //
+    // The running max m moves only when a row's max grows by more than 8 (or from -inf): the
+    // probabilities then stay below 2^8 (exact in the 16-bit types' range, and divided out by l at
+    // the end), and the output's rescaling is skipped by a warp whose rows all kept theirs. A tile
+    // with no mask and no edge keeps its raw scores: the scale goes into ex2's FFMA (scale > 0).
+    auto softmax_tile = [&](int j, int wr0) {
+        const int n0 = j * BN;
+        const bool edge = n0 + BN > S || (CAUSAL && n0 + BN - 1 > wr0);
+        const bool raw = !MASK && !edge && sl2 > 0.0f;
+        if (!raw) {
+#pragma unroll
+            for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int kc = n0 + n * 8 + 2 * t + (e & 1);
+                    float x = s[4 * n + e] * sl2;
+#if MASK == 1
+                    if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
+#elif MASK == 2
+                    if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
+#endif
+                    if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
+                    s[4 * n + e] = x;
+                }
+        }
+        const float f = raw ? sl2 : 1.0f;  // s * f: the scores in base 2
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < BN / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx *= f;
+            alpha[hh] = 1.0f;
+            if (mx - m_r[hh] > 8.0f) {  // false for NaN (both -inf): nothing seen yet, nothing moves
+                alpha[hh] = ex2(m_r[hh] - mx);
+                m_r[hh] = mx;
+            }
+            const float nbase = m_r[hh] == NEG_INF ? 0.0f : -m_r[hh];
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < BN / 8; ++n) {
+                s[4 * n + 2 * hh] = ex2(fmaf(s[4 * n + 2 * hh], f, nbase));
+                s[4 * n + 2 * hh + 1] = ex2(fmaf(s[4 * n + 2 * hh + 1], f, nbase));
+                sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
+            }
+            l_r[hh] = l_r[hh] * alpha[hh] + sum;
+        }
+    };
+    // the output so far times alpha, and the probabilities as the A fragments of P v
+    auto rescale_and_pack = [&]() {
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int n = 0; n < DV / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[4 * n + e] *= alpha[e >> 1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) pa[kk][i] = pack2(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+    };
+
+    int it = 0, qi = 0;
+    for (i64 w = blockIdx.x; w < items; w += gridDim.x, ++qi) {
+        int bh, m0, nt;
+        item(w, bh, m0, nt);
+        const int b = bh / p.H, h = bh - b * p.H, wr0 = m0 + cw * 16;  // the warp's first row
+#if MASK
         {
             const i64 mbase = b * p.sm[0] + (h / p.gm) * p.sm[1];
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) mrow[hh] = mbase + (i64)min(wr0 + g + hh * 8, L - 1) * p.sm[2];
+            smc = p.sm[3];
         }
-        const i64 smc = p.sm[3];
 #endif
-        // cp.async groups as in attn_flash: (q, k0), v0, then k[j+1], v[j+1] per tile j
-        load_swizzled<BM, QA>(sQ, q, p.sq[2], L - m0, p.E, tid);
-        load_swizzled<BN, QA>(sK, k, p.sk[2], S, p.E, tid);
-        cp_async_commit();
-        load_swizzled<BN, VA>(sV, v, p.sv[2], S, p.Ev, tid);
-        cp_async_commit();
-
-        float o[DV / 2];
 #pragma unroll
         for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;
-        float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.0f, 0.0f};
-        const unsigned qbase = sQ + wg * 64 * 128;
+        m_r[0] = m_r[1] = NEG_INF;
+        l_r[0] = l_r[1] = 0.0f;
 
+        mbar_wait(q_full, qi & 1);
+        if (nt > 0) {
+            wait_full(K_FULL(it & 1), it);
+            turn_wait();
+            wg_fence();
+            issue_scores(it & 1);
+            wg_commit();
+            turn_pass();
+            wg_wait<0>();
+            fence_regs<BN / 2>(s);
+            release(K_EMPTY(it & 1));
+            if (nt == 1) release(q_empty);  // the item's last scores have landed: q is free
+            softmax_tile(0, wr0);
+            rescale_and_pack();
+        }
+        // tile j: the scores of tile j + 1 and P v of tile j are issued together; the softmax of
+        // tile j + 1 runs on the CUDA cores while the tensor cores multiply P v
         for (int j = 0; j < nt; ++j) {
-            const int n0 = j * BN;
-            if (j + 1 < nt) load_swizzled<BN, QA>(sK + ((j + 1) & 1) * K_BYTES, k + (i64)(n0 + BN) * p.sk[2], p.sk[2],
-                                                  S - n0 - BN, p.E, tid);
-            cp_async_commit();
-            cp_async_wait<2>();   // q and k[j] have landed (this thread's copies) ...
-            fence_proxy_async();  // ... visible to the tensor cores' proxy ...
-            __syncthreads();      // ... for every thread; and every warpgroup is done with v[j - 1]
-            if (j + 1 < nt) load_swizzled<BN, VA>(sV + ((j + 1) & 1) * V_BYTES, v + (i64)(n0 + BN) * p.sv[2], p.sv[2],
-                                                  S - n0 - BN, p.Ev, tid);
-            cp_async_commit();
-            const bool active = !CAUSAL || n0 <= wg0 + 63;  // warpgroup-uniform: wgmma is collective
-            float s[BN / 2];
-            unsigned pa[BN / 16][4];
-            if (active) {
-                // -- S = q k^T
-                const unsigned kbase = sK + (j & 1) * K_BYTES;
+            const int cur = it + j, nxt = cur + 1;
+            wait_full(V_FULL(cur & 1), cur);
+            if (j + 1 < nt) {
+                wait_full(K_FULL(nxt & 1), nxt);
+                turn_wait();
+                fence_regs<DV / 2>(o);
                 wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < D / 16; ++kk)
-                    wgmma_ss<BN>(s, desc(qbase + (kk >> 2) * BM * 128 + (kk & 3) * 32, 16, 1024),
-                                 desc(kbase + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16, 1024), kk);
+                issue_scores(nxt & 1);
                 wg_commit();
-                wg_wait<0>();
+                issue_pv(cur & 1);
+                wg_commit();
+                turn_pass();
+                wg_wait<1>();  // the scores have landed; P v is still in flight
                 fence_regs<BN / 2>(s);
-                // -- scale into base 2, mask: s[4 n + e] is row g + 8 (e >> 1), key n0 + 8 n + 2 t + (e & 1)
-                const bool edge = n0 + BN > S || (CAUSAL && n0 + BN - 1 > wr0);
-#pragma unroll
-                for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int kc = n0 + n * 8 + 2 * t + (e & 1);
-                        float x = s[4 * n + e] * sl2;
-#if MASK == 1
-                        if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
-#elif MASK == 2
-                        if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
-#endif
-                        if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
-                        s[4 * n + e] = x;
-                    }
-                // -- online softmax (the quad t = 0..3 shares rows g and g + 8)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    float mx = m_r[hh];
-#pragma unroll
-                    for (int n = 0; n < BN / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float base = mx == NEG_INF ? 0.0f : mx;
-                    const float alpha = ex2(m_r[hh] - base);
-                    m_r[hh] = mx;
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < BN / 8; ++n) {
-                        s[4 * n + 2 * hh] = ex2(s[4 * n + 2 * hh] - base);
-                        s[4 * n + 2 * hh + 1] = ex2(s[4 * n + 2 * hh + 1] - base);
-                        sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
-                    }
-                    l_r[hh] = l_r[hh] * alpha + sum;
-#pragma unroll
-                    for (int n = 0; n < DV / 8; ++n) {
-                        o[4 * n + 2 * hh] *= alpha;
-                        o[4 * n + 2 * hh + 1] *= alpha;
-                    }
-                }
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk) {
-                    pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
-                    pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
-                    pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
-                    pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
-                }
-            }
-            cp_async_wait<2>();   // v[j] has landed ...
-            fence_proxy_async();
-            __syncthreads();      // ... for every thread; and every warpgroup is done with k[j]
-            if (active) {
-                // -- O += P v
-                const unsigned vbase = sV + (j & 1) * V_BYTES;
-                fence_regs<DV / 2>(o);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<DV>(o, pa[kk], desc(vbase + kk * 16 * 128, BN * 128, 1024));
-                wg_commit();
+                release(K_EMPTY(nxt & 1));
+                if (j + 2 == nt) release(q_empty);
+                softmax_tile(j + 1, wr0);
                 wg_wait<0>();
                 fence_regs<DV / 2>(o);
+                // pa stays live (and unmodified) until the product that reads it has landed
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[kk][i])::"memory");
+                release(V_EMPTY(cur & 1));
+                rescale_and_pack();
+            } else {  // the last tile: P v alone
+                turn_wait();
+                fence_regs<DV / 2>(o);
+                wg_fence();
+                issue_pv(cur & 1);
+                wg_commit();
+                turn_pass();
+                wg_wait<0>();
+                fence_regs<DV / 2>(o);
+                release(V_EMPTY(cur & 1));
             }
         }
-        cp_async_wait<0>();
-        __syncthreads();  // every warpgroup is done with the q tile: it stages the output
+        if (nt == 0) release(q_empty);
+        it += nt;
 
+        // divide by l (l == 0, every key masked: zeros) and write the rows from the registers
         float inv[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -932,32 +1078,30 @@ attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bit
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv[hh] = l == 0.0f ? 0.0f : 1.0f / l;
         }
-        bits16* st = stage_out + warp * 16 * OROW;  // the warp's 16 rows
-#pragma unroll
-        for (int n = 0; n < DV / 8; ++n)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-                *reinterpret_cast<unsigned*>(st + (g + hh * 8) * OROW + n * 8 + 2 * t) =
-                    pack2(o[4 * n + 2 * hh] * inv[hh], o[4 * n + 2 * hh + 1] * inv[hh]);
-        __syncwarp();
         const int Ev = p.Ev;
-        const bool vec_out = (Ev & 7) == 0;
         bits16* out = O + ((i64)bh * L + wr0) * Ev;
-        for (int idx = lane; idx < 16 * (DV / 8); idx += 32) {
-            const int row = idx / (DV / 8), c = idx - row * (DV / 8);
-            if (wr0 + row >= L || c * 8 >= Ev) continue;
-            const bits16* src = st + row * OROW + c * 8;
-            bits16* dst = out + (i64)row * Ev + c * 8;
-            if (vec_out) {
-                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-            } else {
 #pragma unroll
-                for (int e = 0; e < 8; ++e)
-                    if (c * 8 + e < Ev) dst[e] = src[e];
+        for (int hh = 0; hh < 2; ++hh) {
+            const int row = g + hh * 8;
+            if (wr0 + row >= L) continue;
+            bits16* dst = out + (i64)row * Ev;
+#pragma unroll
+            for (int n = 0; n < DV / 8; ++n) {
+                const int col = n * 8 + 2 * t;
+                const unsigned v2 = pack2(o[4 * n + 2 * hh] * inv[hh], o[4 * n + 2 * hh + 1] * inv[hh]);
+                if (col + 1 < Ev && (Ev & 1) == 0) {
+                    *reinterpret_cast<unsigned*>(dst + col) = v2;
+                } else {
+                    if (col < Ev) dst[col] = (bits16)(v2 & 0xFFFFu);
+                    if (col + 1 < Ev) dst[col + 1] = (bits16)(v2 >> 16);
+                }
             }
         }
-        __syncthreads();  // the next (batch, head) reloads the tiles
     }
+#undef K_FULL
+#undef K_EMPTY
+#undef V_FULL
+#undef V_EMPTY
 #else
     __trap();  // built for a target without wgmma: attention.py never launches this
 #endif

@@ -14,8 +14,11 @@ heads (GQA included) read in place through those strides, never copied or expand
   memory to multiples of 16 (head dims 64 and 128 are exact). Why: no L x S buffer (S = 32768
   runs in the memory of its operands), one read of q, k and v per query tile, the tensor cores.
 * ``flash_wgmma`` (float16, bfloat16; Hopper, sm_90a): the same algorithm with warpgroup MMA
-  (``wgmma.mma_async``): one or two warpgroups of 64 query rows, S = q k^T with both operands read
-  by the tensor cores from shared memory (128-byte swizzle), P v with P from registers; E and Ev
+  (``wgmma.mma_async``), warp specialised as FlashAttention-3: a producer warpgroup streams q, k
+  and v with cp.async into mbarrier-guarded stages; one or two consumer warpgroups of 64 query
+  rows compute S = q k^T with both operands read by the tensor cores from shared memory (128-byte
+  swizzle) and P v with P from registers, the softmax of one key tile overlapping the product of
+  the previous one, and the two warpgroups taking turns at the tensor cores; E and Ev
   padded to 64, 128 or 256; needs the 16-byte copies (a misaligned base at the call runs
   ``flash``'s element-load build). Why: ``mma.sync`` reaches about 2/3 of an H100's tensor peak,
   wgmma all of it.
@@ -201,10 +204,9 @@ def wgmma_dims(problem: Problem) -> tuple[int, int]:
 
 
 def wgmma_smem(d: int, dv: int, bm: int, bn: int) -> int:
-    """The wgmma kernel's shared memory: 1 KiB to align by hand, the q / output tile, two stages of
-    k and v."""
-    q_region = -(-max(bm * d, bm * (dv + 8)) * 2 // 1024) * 1024
-    return 1024 + q_region + 2 * bn * d * 2 + 2 * bn * dv * 2
+    """The wgmma kernel's shared memory: 1 KiB to align by hand, the q tile, two stages of k and v,
+    and ten mbarriers."""
+    return 1024 + bm * d * 2 + 2 * bn * d * 2 + 2 * bn * dv * 2 + 80
 
 
 def simt_bn(problem: Problem, warps: int) -> tuple[int, int] | None:
@@ -241,9 +243,11 @@ FLASH_ORDER = {
     "large": ((64, 64), (64, 32), (128, 64), (128, 32), (128, 128), (64, 128)),
     "f32": ((128, 64), (64, 32), (128, 32), (64, 64)),
 }
-WGMMA_ORDER = {"small": ((64, 64), (128, 64), (64, 128), (128, 128)),
-               "mid": ((128, 128), (64, 64), (128, 64), (64, 128)),
-               "large": ((64, 64), (128, 64))}
+#: the wgmma kernel's: every head dim and causality alike (S = 1024, 4096, 16384; head dims 64 and
+#: 128, float16 / bfloat16; :data:`WGMMA_EFF`); head dim 256 keeps that order among its 64-key tiles
+WGMMA_ORDER = {"small": ((128, 128), (128, 64), (64, 128), (64, 64)),
+               "mid": ((128, 128), (128, 64), (64, 128), (64, 64)),
+               "large": ((128, 64), (64, 64))}
 
 
 def _head_class(d: int, dv: int) -> str:
@@ -359,14 +363,15 @@ def _cost_flash(problem: Problem, config: Mapping[str, Any]) -> float:
     return max(flops / rate, nbytes / bw, kv / (4 * bw)) + LAUNCH_S
 
 
-#: the wgmma kernel's fraction of the dense tensor peak on an H100 (as :data:`FLASH_EFF`): 128x128
-#: 415, 64x64 405, 128x64 377, 64x128 336 TFLOP/s (causal 322, 313, 284, 277)
-WGMMA_EFF = {(128, 128): 0.42, (64, 64): 0.41, (128, 64): 0.38, (64, 128): 0.34}
-#: the same at head dim 64 (B=4 H=32 S=4096 E=64 float16, not causal, 2026-11-24): 64x128 385,
-#: 64x64 337, 128x64 327, 128x128 288 TFLOP/s; causal keeps about 0.65 of it (64x128: 251 at
-#: S=4096, 219 at S=1024), where head dim 128 keeps 0.76
-WGMMA_EFF_64 = {(64, 128): 0.39, (64, 64): 0.34, (128, 64): 0.33, (128, 128): 0.29}
-CAUSAL_EFF_64 = 0.65
+#: the wgmma kernel's fraction of the dense tensor peak on an H100 (as :data:`FLASH_EFF`), warp
+#: specialised and persistent (2026-11-24, B=4 H=16 S=4096 float16, not causal): at head dim 128,
+#: 128x128 490, 128x64 450, 64x128 340, 64x64 290 TFLOP/s (444 / 537 at S=1024 / 16384); causal
+#: keeps about 0.84 of it (411 at 128x128). At head dim 64 (the softmax's exponentials, not the
+#: products, bound it): 128x128 381, 128x64 337, 64x128 237, 64x64 187; causal about 0.83 (317).
+#: cuDNN's SDPA in the same runs: 645 / 472 TFLOP/s (head dim 128 / 64), causal 545 / 371.
+WGMMA_EFF = {(128, 128): 0.50, (128, 64): 0.455, (64, 128): 0.35, (64, 64): 0.29}
+WGMMA_EFF_64 = {(128, 128): 0.385, (128, 64): 0.34, (64, 128): 0.24, (64, 64): 0.19}
+WGMMA_CAUSAL_EFF = 0.84
 
 
 def _cost_wgmma(problem: Problem, config: Mapping[str, Any]) -> float:
@@ -378,7 +383,7 @@ def _cost_wgmma(problem: Problem, config: Mapping[str, Any]) -> float:
     narrow = max(d, dv) <= 64
     rate = f16 * (WGMMA_EFF_64 if narrow else WGMMA_EFF)[(config["BM"], config["BN"])] * (E + Ev) / (d + dv)
     if problem.attrs["causal"]:
-        rate *= CAUSAL_EFF_64 if narrow else CAUSAL_EFF
+        rate *= WGMMA_CAUSAL_EFF
     if geometry(problem).mask is not None:
         rate *= 0.8
     S = problem.shapes[1][2]
@@ -517,8 +522,10 @@ def _prepare_wgmma(problem: Problem, config: Mapping[str, Any]) -> Callable[...,
         defines = wgmma_defines(problem, config)
         fn = cc.get_function(SOURCE, "attn_wgmma", defines, dev, kernel=label(kernel, problem, defines), arch="90a")
         _opt_in(fn, smem, dev)
-        grid = (-(-g.L // config["BM"]), min(g.B * g.H, MAX_GRID_Y))
-        return cc.FastLaunch(fn, grid, (config["NWG"] * 128,), pointers=5, scalars=[params], shared_mem=smem)
+        # persistent: one block per SM takes the (query tile, batch x head) items in turn; a
+        # producer warpgroup and NWG consumer warpgroups each
+        grid = (min(-(-g.L // config["BM"]) * g.B * g.H, problem.device.provider.sm_count), 1)
+        return cc.FastLaunch(fn, grid, ((config["NWG"] + 1) * 128,), pointers=5, scalars=[params], shared_mem=smem)
 
     return _launcher(problem, build, True, kernel)
 
