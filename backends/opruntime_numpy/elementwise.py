@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from opruntime.kernels import FLOATS, Kernel, Problem, itemsize, roofline
-from opruntime.ops.elementwise import BINARY_OPS, UNARY_OPS, activation
+from opruntime.ops.elementwise import BINARY_OPS, UNARY_OPS, activation, layout
 
 from . import buffers, jit
 from .epilogue import activate
@@ -90,6 +90,45 @@ def _row_split(problem: Problem) -> tuple[int, int] | None:
     return math.prod(shape) // cols, cols
 
 
+def _two_d(problem: Problem) -> Any:
+    """``views(a, b) -> (a2, b2, (rows, cols))`` for ``_nb_elementwise.binary``: the operands as it
+    reads them, from their layout (``opruntime.ops.elementwise.layout``); None when
+    ``binary_cycle`` takes them (see :func:`_cycle`):
+
+    * vector (both C-contiguous in the output's shape): (1, n) each;
+    * a bias row repeated over the output's leading dims: (1, cols) against the full (rows, cols);
+    * anything else: both broadcast to the output's shape and seen as (rows, last dim) (views
+      where NumPy can make them, else copies).
+    """
+    shape = problem.out_shape
+    lay = layout(problem.shapes, problem.strides, shape)
+    n = math.prod(shape)
+    if lay.path == "vector":
+        return lambda a, b: (a.reshape(1, n), b.reshape(1, n), (1, n))
+    if _cycle(problem) is not None:
+        return None
+    split = _row_split(problem)
+    if split is not None:  # (rows, cols), an operand that repeats by rows as one (1, cols) row
+        return lambda a, b: (a.reshape(-1, split[1]), b.reshape(-1, split[1]), split)
+
+    def general(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+        a2, b2 = (as_2d(v if v.shape == shape else np.broadcast_to(v, shape)) for v in (a, b))
+        return a2, b2, a2.shape
+
+    return general
+
+
+def _cycle(problem: Problem) -> tuple[int, int, int] | None:
+    """``(full, div, mod)`` when ``_nb_elementwise.binary_cycle`` takes the problem: one operand
+    C-contiguous in the output's shape and the other repeated as ``g[(i // div) % mod]`` with runs
+    (``div`` > 1: an NCHW channel bias, a column) or a scalar (``mod`` 1); a bias row (``div`` 1)
+    goes to ``binary`` as (1, cols), which reads it in place."""
+    lay = layout(problem.shapes, problem.strides, problem.out_shape)
+    if lay.path != "broadcast" or (lay.div == 1 and lay.mod > 1):
+        return None
+    return lay.full, (lay.div if lay.mod > 1 else lay.n), lay.mod
+
+
 def prepare_numba(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.<op>.numba`` (unary or binary)."""
     nb = jit.loops("_nb_elementwise")
@@ -97,22 +136,23 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     f16 = problem.dtype == "float16"
     if problem.op in UFUNCS:
         code, act = nb.BINARY[problem.op], nb.CODES[activation(problem)]
-
-        split = _row_split(problem)
+        views, cycle = _two_d(problem), _cycle(problem)
 
         @_quiet
         def launch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             if f16:
                 a, b = a.astype(np.float32), b.astype(np.float32)
-            if split is None:
-                a2, b2 = (as_2d(v if v.shape == shape else np.broadcast_to(v, shape)) for v in (a, b))
-                out = buffers.empty(a2.shape, a2.dtype)
-            else:  # (rows, cols), an operand that repeats by rows as one (1, cols) row
-                rows, cols = split
-                a2, b2 = (v.reshape(-1, cols) for v in (a, b))
-                out = buffers.empty((rows, cols), a2.dtype)
-            jit.call(nb.binary, a2, b2, out, code, act)
-            out = out.reshape(shape)
+            if cycle is not None:  # f C-contiguous, g repeated: both read in place, flat
+                full, div, mod = cycle
+                f, g = (a, b) if full == 0 else (b, a)
+                out = buffers.empty(shape, f.dtype)
+                jit.call(nb.binary_cycle, f.reshape(-1), np.ascontiguousarray(g).reshape(-1), out.reshape(-1),
+                         code, act, div, mod, full == 1)
+            else:
+                a2, b2, out_2d = views(a, b)
+                out = buffers.empty(out_2d, a2.dtype)
+                jit.call(nb.binary, a2, b2, out, code, act)
+                out = out.reshape(shape)
             return out.astype(np.float16) if f16 else out
     else:
         code = nb.CODES["neg" if problem.op == "neg" else activation(problem)]
