@@ -1,6 +1,7 @@
 """numba loops of the elementwise family and the activation epilogues (imported through :mod:`.jit`
-only). Operands come as 2-D arrays (rows, cols) of any strides (0 where an operand broadcasts);
-blocks of :data:`CHUNK` elements of a row run in parallel, each a vectorized loop. float32 and
+only). Operands come as 2-D arrays (rows, cols) of any strides (0 where an operand broadcasts),
+or (``binary_cycle``) flat with a repeated operand; blocks of :data:`CHUNK` elements run in
+parallel, each a vectorized loop. float32 and
 float64 are computed natively (the launchers widen float16 to float32).
 
 The activations are those of ``opruntime.ops.base.ACTIVATIONS``, by the codes of :data:`CODES`,

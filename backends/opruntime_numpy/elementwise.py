@@ -6,9 +6,11 @@ end), ``neg`` as ``np.negative``, and the activations through ``epilogue.activat
 computed in float32, one rounding at the end).
 
 With numba (:mod:`.jit`), ``numpy.<op>.numba`` does each in one parallel pass (a binary operator
-and its activation in one loop): the operands seen
-as 2-D (rows, last dim; broadcast operands with stride 0, strided ones read in place where NumPy
-can make the view), blocks of a row spread over the threads, and the activations computed with
+and its activation in one loop): the operands seen as 2-D (flat when both are C-contiguous; a
+bias row as one (1, cols) row; otherwise (rows, last dim), broadcast operands with stride 0,
+strided ones read in place where NumPy can make the view), or, for an operand repeated through
+the output (an NCHW channel bias, a column, a scalar), flat with that operand's values spread
+block by block in cache (``binary_cycle``); blocks spread over the threads, and the activations computed with
 the vectorized exp / erfc / tanh of :mod:`._nb_math` (NumPy's ufuncs call libm one element at a
 time: gelu's erfc alone costs 15 ns an element). float16 is computed in float32.
 """
