@@ -163,7 +163,9 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         def launch(x: np.ndarray) -> np.ndarray:  # type: ignore[misc]
             if f16:
                 x = x.astype(np.float32)
-            x2 = as_2d(x)
+            # C-contiguous: one flat row, cut into CHUNK blocks (short last dims would make a task
+            # and a vector loop's remainder of each row)
+            x2 = x.reshape(1, -1) if x.flags.c_contiguous else as_2d(x)
             out = buffers.empty(x2.shape, x2.dtype)
             jit.call(nb.unary, x2, out, code)
             out = out.reshape(shape)
