@@ -108,58 +108,111 @@ def unary(x, out, code):
 
 
 @njit(parallel=True, **OPTIONS)
-def binary(a, b, out, code, act):
-    """``out = act(a <op> b)`` over 2-D arrays: ``out`` (rows, cols); ``a`` and ``b`` (rows, cols) or
+def binary(a, b, out, code):
+    """``out = a <op> b`` over 2-D arrays: ``out`` (rows, cols); ``a`` and ``b`` (rows, cols) or
     (1, cols) (a row repeated: a bias), or of ``out``'s shape with stride 0 where they broadcast.
-    ``act`` is a code of :data:`CODES` (0: none; relu, gelu, gelu_tanh, silu): each element is
-    activated as it is made, in the same vectorized loop (one pass over the data, no second
-    sweep). A task is a block of :data:`CHUNK` elements of a row, or as many short rows as make
-    one."""
+    A task is a block of :data:`CHUNK` elements of a row, or as many short rows as make one."""
     rows, cols = out.shape
     ra, rb = a.shape[0], b.shape[0]
     blocks = (cols + CHUNK - 1) // CHUNK
     per = max(1, CHUNK // cols)  # rows per task
-    groups = (rows + per - 1) // per
-    for t in prange(groups * blocks):
+    for t in prange(((rows + per - 1) // per) * blocks):
         r0 = (t // blocks) * per
         c0 = (t % blocks) * CHUNK
         c1 = min(cols, c0 + CHUNK)
         for r in range(r0, min(rows, r0 + per)):
-            _fused(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code, act)
+            _plain(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code)
 
 
 @njit(parallel=True, **OPTIONS)
-def binary_cycle(f, g, out, code, act, div, mod, swap):
-    """``out = act(f <op> g')`` (``act(g' <op> f)`` with ``swap``) over 1-D C-contiguous arrays of n
-    elements, where ``g'[i] = g[(i // div) % mod]``: ``g`` repeated through the output (an NCHW
-    channel bias: div H * W, mod C; a column: div the row's length; a scalar: mod 1). Each task
-    spreads its block's values of ``g`` into a block buffer (runs of ``div`` equal values, written
-    in cache) and runs the vectorized loop of :func:`_fused` on unit-stride blocks, one call per
-    :data:`CHUNK` elements whatever ``div`` is (short rows cost no call each)."""
+def binary_act(a, b, out, code, act):
+    """``out = act(a <op> b)``: :func:`binary` with the activation ``act`` (a code of :data:`CODES`:
+    relu, gelu, gelu_tanh, silu) applied to each element as it is made, in the same vectorized
+    loop (one pass over the data, no second sweep). Apart from :func:`binary` so that a plain
+    operator compiles (cold, once per machine) without the activations' loops."""
+    rows, cols = out.shape
+    ra, rb = a.shape[0], b.shape[0]
+    blocks = (cols + CHUNK - 1) // CHUNK
+    per = max(1, CHUNK // cols)
+    for t in prange(((rows + per - 1) // per) * blocks):
+        r0 = (t // blocks) * per
+        c0 = (t % blocks) * CHUNK
+        c1 = min(cols, c0 + CHUNK)
+        for r in range(r0, min(rows, r0 + per)):
+            _activated(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code, act)
+
+
+@njit(parallel=True, **OPTIONS)
+def binary_cycle(f, g, out, code, div, mod, swap):
+    """``out = f <op> g'`` (``g' <op> f`` with ``swap``) over 1-D C-contiguous arrays of n elements,
+    where ``g'[i] = g[(i // div) % mod]``: ``g`` repeated through the output (an NCHW channel
+    bias: div H * W, mod C; a column: div the row's length; a scalar: mod 1). Each task spreads
+    its block's values of ``g`` into a block buffer (:func:`_spread`, in cache) and runs one
+    vectorized loop on unit-stride blocks per :data:`CHUNK` elements, whatever ``div`` is (short
+    rows cost no call each)."""
     n = out.shape[0]
     for t in prange((n + CHUNK - 1) // CHUNK):
         i0 = t * CHUNK
         m = min(n, i0 + CHUNK) - i0
-        fill = np.empty(m, out.dtype)
-        q = (i0 // div) % mod
-        j = 0
-        r = i0 % div
-        while j < m:
-            run = min(div - r, m - j)
-            fill[j:j + run] = g[q]
-            j += run
-            r = 0
-            q += 1
-            if q == mod:
-                q = 0
+        fill = _spread(g, i0, m, div, mod, out.dtype)
         if swap:
-            _fused(fill, f[i0:i0 + m], out[i0:i0 + m], code, act)
+            _plain(fill, f[i0:i0 + m], out[i0:i0 + m], code)
         else:
-            _fused(f[i0:i0 + m], fill, out[i0:i0 + m], code, act)
+            _plain(f[i0:i0 + m], fill, out[i0:i0 + m], code)
+
+
+@njit(parallel=True, **OPTIONS)
+def binary_cycle_act(f, g, out, code, act, div, mod, swap):
+    """``out = act(f <op> g')``: :func:`binary_cycle` with the activation (as :func:`binary_act`)."""
+    n = out.shape[0]
+    for t in prange((n + CHUNK - 1) // CHUNK):
+        i0 = t * CHUNK
+        m = min(n, i0 + CHUNK) - i0
+        fill = _spread(g, i0, m, div, mod, out.dtype)
+        if swap:
+            _activated(fill, f[i0:i0 + m], out[i0:i0 + m], code, act)
+        else:
+            _activated(f[i0:i0 + m], fill, out[i0:i0 + m], code, act)
 
 
 @njit(**OPTIONS)
-def _fused(a, b, y, code, act):
+def _spread(g, i0, m, div, mod, dtype):
+    """A new block of ``m`` elements: ``g[(i // div) % mod]`` for i from ``i0``, in runs of ``div``."""
+    fill = np.empty(m, dtype)
+    q = (i0 // div) % mod
+    r = i0 % div
+    j = 0
+    while j < m:
+        run = min(div - r, m - j)
+        fill[j:j + run] = g[q]
+        j += run
+        r = 0
+        q += 1
+        if q == mod:
+            q = 0
+    return fill
+
+
+@njit(**OPTIONS)
+def _plain(a, b, y, code):
+    """``y = a <op> b`` on 1-D blocks of one length, one vectorized loop per operator."""
+    n = y.shape[0]
+    if code == 0:
+        for j in range(n):
+            y[j] = a[j] + b[j]
+    elif code == 1:
+        for j in range(n):
+            y[j] = a[j] - b[j]
+    elif code == 2:
+        for j in range(n):
+            y[j] = a[j] * b[j]
+    else:
+        for j in range(n):
+            y[j] = a[j] / b[j]
+
+
+@njit(**OPTIONS)
+def _activated(a, b, y, code, act):
     """``y = act(a <op> b)`` on 1-D blocks of one length: the loop for the operator and activation."""
     if act == 2:
         _relu_of(a, b, y, code)
@@ -167,25 +220,11 @@ def _fused(a, b, y, code, act):
         _gelu_of(a, b, y, code)
     elif act == 4:
         _gelu_tanh_of(a, b, y, code)
-    elif act == 5:
-        _silu_of(a, b, y, code)
     else:
-        n = y.shape[0]
-        if code == 0:
-            for j in range(n):
-                y[j] = a[j] + b[j]
-        elif code == 1:
-            for j in range(n):
-                y[j] = a[j] - b[j]
-        elif code == 2:
-            for j in range(n):
-                y[j] = a[j] * b[j]
-        else:
-            for j in range(n):
-                y[j] = a[j] / b[j]
+        _silu_of(a, b, y, code)
 
 
-# The fused blocks of ``_fused``: ``y = act(a <op> b)`` on 1-D blocks, one loop per operator (the
+# The fused blocks of ``_activated``: ``y = act(a <op> b)`` on 1-D blocks, one loop per operator (the
 # branch taken once per block; each loop vectorizes with the activation inlined).
 
 @njit(**OPTIONS)

@@ -148,12 +148,18 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
                 full, div, mod = cycle
                 f, g = (a, b) if full == 0 else (b, a)
                 out = buffers.empty(shape, f.dtype)
-                jit.call(nb.binary_cycle, f.reshape(-1), np.ascontiguousarray(g).reshape(-1), out.reshape(-1),
-                         code, act, div, mod, full == 1)
+                args = (f.reshape(-1), np.ascontiguousarray(g).reshape(-1), out.reshape(-1), code)
+                if act:
+                    jit.call(nb.binary_cycle_act, *args, act, div, mod, full == 1)
+                else:
+                    jit.call(nb.binary_cycle, *args, div, mod, full == 1)
             else:
                 a2, b2, out_2d = views(a, b)
                 out = buffers.empty(out_2d, a2.dtype)
-                jit.call(nb.binary, a2, b2, out, code, act)
+                if act:
+                    jit.call(nb.binary_act, a2, b2, out, code, act)
+                else:
+                    jit.call(nb.binary, a2, b2, out, code)
                 out = out.reshape(shape)
             return out.astype(np.float16) if f16 else out
     else:
