@@ -28,12 +28,21 @@ the exp / erfc polynomials of the other activations would be compiled into every
 are plain ``nogil`` loops over a range of tasks that the launcher runs on Python threads, not
 ``parallel=True``: a ``prange`` region compiled the same loops a second time (measured on the
 depthwise loop: 1.31 s parallel, 0.58 s plain, its helpers compiled apart).
+
+A first use's compile time goes mostly by the count of functions and of distinct typed operations
+compiled, each with a fixed cost (numba's typing and lowering, an LLVM module: 0.07-0.15 s for the
+smallest), more than by their bodies. So the small helpers of the GEMM loops (:func:`act_row`,
+:func:`_crop`, :func:`_gemm`, the phase helpers) are ``inline="always"`` (inlined in numba's IR,
+never compiled on their own: numba_im2col's strided first use 1.95 -> 1.70 s), a path that a
+problem may not take is a loop of its own (the strided paths: :func:`phase_gemm`,
+:func:`phase_1x1`, :func:`phase_taps`), and the Winograd stages share operations (the flat
+reshapes, one scratch shape) and take the GEMM's scalars from the launcher.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, typeof, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.linalg import ensure_blas
@@ -68,7 +77,7 @@ def _ptr(typingctx, arr, off):
     return sig, codegen
 
 
-@njit(**OPTIONS)
+@njit(inline="always", **OPTIONS)
 def _gemm(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, m, n, k, ab):
     """Row-major ``C = A @ B + beta C`` on flat C-contiguous ``a``, ``b``, ``c`` of one dtype:
     ``A`` (m, k) from element ``a_off`` with row stride ``lda``, ``B`` (k, n) and ``C`` (m, n)
@@ -81,7 +90,7 @@ def _gemm(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, m, n, k, ab):
             _ptr(ab, 1), _ptr(c, c_off), ldc)
 
 
-@njit(**OPTIONS)
+@njit(inline="always", **OPTIONS)
 def act_row(y, b, code):
     """In place on the 1-D ``y``: ``y + b``, then ReLU where ``code`` is 2 (NaN kept, as
     ``_nb_elementwise.relu``); any other code adds the bias only."""
@@ -132,7 +141,7 @@ def _wide_row(acc, flat, wrow, off, dw):
         j += 1
 
 
-@njit(**OPTIONS)
+@njit(inline="always", **OPTIONS)
 def _crop(out_plane, acc, wp, b, code):
     """The kept columns of the wide plane ``acc`` into ``out_plane`` (Ho, Wo), bias and activation."""
     ho, wo = out_plane.shape
@@ -444,7 +453,7 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
                   bias[o] if has_bias else dt.type(0.0), code)
 
 
-@njit(**OPTIONS)
+@njit(inline="always", **OPTIONS)
 def _tapped(phase, k, d, s):
     """Whether some tap ``i < k`` reads stride phase ``phase``: ``(i * d) % s == phase`` (a 1x1
     stride-2 conv reads one phase of four: the others are never filled)."""
@@ -454,7 +463,7 @@ def _tapped(phase, k, d, s):
     return False
 
 
-@njit(**OPTIONS)
+@njit(inline="always", **OPTIONS)
 def _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span):
     """The block's columns (C/g * kh * kw, span) from its phase planes: per (channel, tap), one
     contiguous copy of ``span`` values of the tap's phase, shifted by the tap's offset."""
@@ -471,34 +480,80 @@ def _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span):
                     dst[k] = src[k]
 
 
+@njit(inline="always", **OPTIONS)
+def _phase_fill(x, buf, n, c0, cg, y0, cnt, halo, kh, kw, sh, sw, dh, dw, pt, pl, wq, plane):
+    """The stride phases of a block of rows (:func:`phase_gemm`): phase (py, px) of channel ``c0 +
+    c`` into ``buf[(c * sh * sw + py * sw + px) * plane + q * wq:][:wq]`` for block row ``q <
+    cnt + halo``: the padded input at rows ``(y0 + q) * sh + py`` and columns ``k * sw + px``,
+    zeros outside the input. Each row written whole (its padding included); phases no tap reads
+    are skipped."""
+    h, wd = x.shape[2], x.shape[3]
+    nph = sh * sw
+    for c in range(cg):
+        xc = x[n, c0 + c]
+        for py in range(sh):
+            if not _tapped(py, kh, dh, sh):
+                continue
+            for q in range(cnt + halo):
+                iy = (y0 + q) * sh + py - pt
+                for px in range(sw):
+                    if not _tapped(px, kw, dw, sw):
+                        continue
+                    dst = buf[(c * nph + py * sw + px) * plane + q * wq:(c * nph + py * sw + px) * plane + (q + 1) * wq]
+                    if 0 <= iy < h:
+                        src = xc[iy]
+                        lo = max(0, (pl - px + sw - 1) // sw)  # first phase column inside the input
+                        hi = min(wq, (wd - 1 + pl - px) // sw + 1) if wd - 1 + pl - px >= 0 else 0
+                        for k in range(min(lo, wq)):
+                            dst[k] = 0
+                        for k in range(lo, hi):
+                            dst[k] = src[k * sw + px - pl]
+                        for k in range(max(hi, lo), wq):
+                            dst[k] = 0
+                    else:
+                        for k in range(wq):
+                            dst[k] = 0
+
+
+@njit(inline="always", **OPTIONS)
+def _phase_out(out, acc, bias, n, o0, og, y0, cnt, wq, code):
+    """A block's ``acc`` (og, cnt * wq), computed wide, into ``out[n, o0:o0 + og, y0:y0 + cnt]``:
+    the kept columns, the bias and the activation (:data:`FUSED`)."""
+    has_bias = bias.shape[0] > 0
+    dt = out.dtype
+    span = cnt * wq
+    for oo in range(og):
+        o = o0 + oo
+        _crop(out[n, o, y0:y0 + cnt], acc[oo * span:(oo + 1) * span], wq, bias[o] if has_bias else dt.type(0.0), code)
+
+
+# The strided conv2d of ``numba_im2col`` (:func:`phase_gemm`'s scheme) has three paths, each its own
+# loop of one signature (one parallel wrapper, ``par_phase``, runs any): only the path a problem
+# takes compiles on its first use (the three in one loop compiled 1.5 s, each alone about half).
+
 @njit(**OPTIONS)
 def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, first, last):
     """Strided conv2d as im2col + GEMM with the columns copied in long contiguous runs: ``x``
     (N, C, H, W) any strides, ``w2`` (O * C/g * kh * kw) flat in its own order, ``out`` (N, O, Ho,
-    Wo) C-contiguous. A task is (image, group, block of ``rows`` output rows). The block's input
-    is first split into its stride phases, zero-padded: phase (py, px) of channel c holds the
-    padded input at rows ``y * sh + py`` and columns ``x * sw + px`` (row length ``wq``). Tap (i, j)
-    then reads phase ((i dh) % sh, (j dw) % sw) shifted by ((i dh) // sh, (j dw) // sw) at unit
-    stride, so its column row for the whole block, computed *wide* over the ``wq`` phase columns
-    (the ones past Wo are dropped), is one contiguous copy (where a gather per output row and tap
-    reads every sw-th value: the 7x7 stem's columns cost more than its GEMM). One BLAS call per
-    task, then the kept columns copied out with the bias and activation (:data:`FUSED`).
-
-    With ``wt`` (the weights ordered (tap, O, C/g), flat; size 0 for none) there are no columns:
-    one GEMM per tap reads the tap's shifted phase rows in place (the channels' rows of one phase
-    are ``sh * sw`` planes apart: one leading dimension), accumulating into the block, as
-    :func:`shift_gemm` does for stride 1 (for many channels per group: K = C/g per GEMM)."""
-    n_img, c_in, h, wd = x.shape
+    Wo) C-contiguous (``wt`` unused: :func:`phase_taps`'s). A task is (image, group, block of
+    ``rows`` output rows). The block's input is first split into its stride phases, zero-padded
+    (:func:`_phase_fill`): phase (py, px) of channel c holds the padded input at rows ``y * sh +
+    py`` and columns ``x * sw + px`` (row length ``wq``). Tap (i, j) then reads phase ((i dh) %
+    sh, (j dw) % sw) shifted by ((i dh) // sh, (j dw) // sw) at unit stride, so its column row for
+    the whole block, computed *wide* over the ``wq`` phase columns (the ones past Wo are dropped),
+    is one contiguous copy (where a gather per output row and tap reads every sw-th value: the 7x7
+    stem's columns cost more than its GEMM). One BLAS call per task, then the kept columns copied
+    out with the bias and activation (:data:`FUSED`). Tasks ``first:last``. 1x1 convs take
+    :func:`phase_1x1`, many channels per group :func:`phase_taps`."""
+    c_in = x.shape[1]
     o_out, ho = out.shape[1], out.shape[2]
     cg = c_in // groups
     og = o_out // groups
     kk = cg * kh * kw
     nblk = (ho + rows - 1) // rows
     halo = ((kh - 1) * dh) // sh
-    rin = rows + halo
-    plane = rin * wq + ((kw - 1) * dw) // sw
+    plane = (rows + halo) * wq + ((kw - 1) * dw) // sw
     nph = sh * sw
-    has_bias = bias.shape[0] > 0
     dt = out.dtype
     buf = np.empty(cg * nph * plane, dt)  # rows written whole; the slack reaches dropped columns only
     cols = np.empty(kk * rows * wq, dt)
@@ -513,49 +568,78 @@ def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, g
         y0 = (r - g * nblk) * rows
         cnt = min(rows, ho - y0)
         span = cnt * wq
-        for c in range(cg):
-            xc = x[n, g * cg + c]
-            for py in range(sh):
-                if not _tapped(py, kh, dh, sh):
-                    continue
-                for q in range(cnt + halo):
-                    iy = (y0 + q) * sh + py - pt
-                    for px in range(sw):
-                        if not _tapped(px, kw, dw, sw):
-                            continue
-                        dst = buf[(c * nph + py * sw + px) * plane + q * wq:(c * nph + py * sw + px) * plane + (q + 1) * wq]
-                        if 0 <= iy < h:
-                            src = xc[iy]
-                            lo = max(0, (pl - px + sw - 1) // sw)  # first phase column inside the input
-                            hi = min(wq, (wd - 1 + pl - px) // sw + 1) if wd - 1 + pl - px >= 0 else 0
-                            for k in range(min(lo, wq)):
-                                dst[k] = 0
-                            for k in range(lo, hi):
-                                dst[k] = src[k * sw + px - pl]
-                            for k in range(max(hi, lo), wq):
-                                dst[k] = 0
-                        else:
-                            for k in range(wq):
-                                dst[k] = 0
-        if kh * kw == 1:  # a 1x1 conv's columns are its phase (0, 0) rows: the GEMM reads them in place
-            _gemm(w2, g * og * kk, kk, buf, 0, nph * plane, acc, 0, span, og, span, kk, ab)
-        elif wt.shape[0]:
-            for i in range(kh):
-                py, oy = (i * dh) % sh, (i * dh) // sh
-                for j in range(kw):
-                    px, ox = (j * dw) % sw, (j * dw) // sw
-                    tap = i * kw + j
-                    ab[1] = 0 if tap == 0 else 1
-                    _gemm(wt, (tap * o_out + g * og) * cg, cg, buf, (py * sw + px) * plane + oy * wq + ox, nph * plane,
-                          acc, 0, span, og, span, cg, ab)
-            ab[1] = 0
-        else:
-            _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span)
-            _gemm(w2, g * og * kk, kk, cols, 0, span, acc, 0, span, og, span, kk, ab)
-        for oo in range(og):
-            o = g * og + oo
-            _crop(out[n, o, y0:y0 + cnt], acc[oo * span:(oo + 1) * span], wq,
-                  bias[o] if has_bias else dt.type(0.0), code)
+        _phase_fill(x, buf, n, g * cg, cg, y0, cnt, halo, kh, kw, sh, sw, dh, dw, pt, pl, wq, plane)
+        _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span)
+        _gemm(w2, g * og * kk, kk, cols, 0, span, acc, 0, span, og, span, kk, ab)
+        _phase_out(out, acc, bias, n, g * og, og, y0, cnt, wq, code)
+
+
+@njit(**OPTIONS)
+def phase_1x1(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, first, last):
+    """:func:`phase_gemm` for a 1x1 conv (``kh == kw == 1``): its columns are its phase (0, 0)
+    rows, which the GEMM reads in place (the channels' rows ``sh * sw`` planes apart: one leading
+    dimension); no copy of columns."""
+    c_in = x.shape[1]
+    o_out, ho = out.shape[1], out.shape[2]
+    cg = c_in // groups
+    og = o_out // groups
+    nblk = (ho + rows - 1) // rows
+    plane = rows * wq
+    nph = sh * sw
+    dt = out.dtype
+    buf = np.empty(cg * nph * plane, dt)  # rows written whole; the other phases are never read
+    acc = np.empty(og * rows * wq, dt)
+    ab = np.empty(2, dt)  # [1, beta]
+    ab[0] = 1
+    ab[1] = 0
+    for t in range(first, last):
+        n = t // (groups * nblk)
+        r = t - n * groups * nblk
+        g = r // nblk
+        y0 = (r - g * nblk) * rows
+        cnt = min(rows, ho - y0)
+        span = cnt * wq
+        _phase_fill(x, buf, n, g * cg, cg, y0, cnt, 0, 1, 1, sh, sw, dh, dw, pt, pl, wq, plane)
+        _gemm(w2, g * og * cg, cg, buf, 0, nph * plane, acc, 0, span, og, span, cg, ab)
+        _phase_out(out, acc, bias, n, g * og, og, y0, cnt, wq, code)
+
+
+@njit(**OPTIONS)
+def phase_taps(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, first, last):
+    """:func:`phase_gemm` without columns, for many channels per group: ``wt`` the weights ordered
+    (tap, O, C/g), flat (``w2`` unused). One GEMM per tap reads the tap's shifted phase rows in
+    place (the channels' rows of one phase are ``sh * sw`` planes apart: one leading dimension),
+    accumulating into the block, as :func:`shift_gemm` does for stride 1 (K = C/g per GEMM)."""
+    c_in = x.shape[1]
+    o_out, ho = out.shape[1], out.shape[2]
+    cg = c_in // groups
+    og = o_out // groups
+    nblk = (ho + rows - 1) // rows
+    halo = ((kh - 1) * dh) // sh
+    plane = (rows + halo) * wq + ((kw - 1) * dw) // sw
+    nph = sh * sw
+    dt = out.dtype
+    buf = np.empty(cg * nph * plane, dt)  # rows written whole; the slack reaches dropped columns only
+    acc = np.empty(og * rows * wq, dt)
+    ab = np.empty(2, dt)  # [1, beta], beta set per tap
+    ab[0] = 1
+    for t in range(first, last):
+        n = t // (groups * nblk)
+        r = t - n * groups * nblk
+        g = r // nblk
+        y0 = (r - g * nblk) * rows
+        cnt = min(rows, ho - y0)
+        span = cnt * wq
+        _phase_fill(x, buf, n, g * cg, cg, y0, cnt, halo, kh, kw, sh, sw, dh, dw, pt, pl, wq, plane)
+        for i in range(kh):
+            py, oy = (i * dh) % sh, (i * dh) // sh
+            for j in range(kw):
+                px, ox = (j * dw) % sw, (j * dw) // sw
+                tap = i * kw + j
+                ab[1] = 0 if tap == 0 else 1
+                _gemm(wt, (tap * o_out + g * og) * cg, cg, buf, (py * sw + px) * plane + oy * wq + ox, nph * plane,
+                      acc, 0, span, og, span, cg, ab)
+        _phase_out(out, acc, bias, n, g * og, og, y0, cnt, wq, code)
 
 
 @njit(**OPTIONS)
@@ -621,17 +705,18 @@ def batch_gemm(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, m
 # the direct sum (inf - inf in the transforms gives NaN), as any Winograd's, the CUDA backend's too.
 
 @njit(**OPTIONS)
-def wino_input(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
+def wino_input(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, last):
     """``v[k, c, tile] = (B^T d B)[k]`` for every 4 x 4 input tile ``d`` (zero-padded): ``x``
     (N, C, H, W) any strides, ``v`` (16, C, N * th * tw). One task per (image, channel), tasks
     ``first:last``: per row of tiles the four input rows are combined down the columns at once,
     then across each tile's four columns. (The four stages take the same arguments: one signature,
     one parallel wrapper.)"""
     n_img, c_in, h, wd = x.shape
-    dt = v.dtype
     width = 2 * tw + 2
-    rows = np.empty((4, width), dt)  # each row written whole per row of tiles
-    tr = np.empty((4, width), dt)
+    tiles = v.shape[2]
+    step = c_in * tiles  # from one tile position's plane of v to the next
+    vf = v.reshape(-1)  # flat (the reshape wino_gemm compiles too: a first use 0.1 s shorter than slices of v)
+    rows = np.empty((8, width), v.dtype)  # four input rows, then B^T d; written whole per row of tiles
     for t in range(first, last):
         n = t // c_in
         c = t - n * c_in
@@ -650,65 +735,58 @@ def wino_input(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
                         row[q] = 0
             for q in range(width):  # B^T d: the rows
                 r0, r1, r2, r3 = rows[0, q], rows[1, q], rows[2, q], rows[3, q]
-                tr[0, q] = r0 - r2
-                tr[1, q] = r1 + r2
-                tr[2, q] = r2 - r1
-                tr[3, q] = r1 - r3
-            base = (n * th + ty) * tw
-            for i in range(4):  # (B^T d) B: the columns of each tile
-                ti = tr[i]
-                d0 = v[4 * i, c, base:base + tw]
-                d1 = v[4 * i + 1, c, base:base + tw]
-                d2 = v[4 * i + 2, c, base:base + tw]
-                d3 = v[4 * i + 3, c, base:base + tw]
+                rows[4, q] = r0 - r2
+                rows[5, q] = r1 + r2
+                rows[6, q] = r2 - r1
+                rows[7, q] = r1 - r3
+            base = c * tiles + (n * th + ty) * tw
+            for i in range(4):  # (B^T d) B: the columns of each tile, into planes 4 i .. 4 i + 3 of v
+                ti = rows[4 + i]
+                dst = 4 * i * step + base
                 for tx in range(tw):
                     a, b, cc, dd = ti[2 * tx], ti[2 * tx + 1], ti[2 * tx + 2], ti[2 * tx + 3]
-                    d0[tx] = a - cc
-                    d1[tx] = b + cc
-                    d2[tx] = cc - b
-                    d3[tx] = b - dd
-
-
-@njit(inline="always", **OPTIONS)
-def _g_row(u, k, o, c, a, b, d):
-    """Row ``(a, b, d) G^T`` of a transformed filter into ``u[o, k:k + 4, c]``."""
-    u[o, k, c] = a
-    u[o, k + 1, c] = 0.5 * (a + b + d)
-    u[o, k + 2, c] = 0.5 * (a - b + d)
-    u[o, k + 3, c] = d
+                    vf[dst + tx] = a - cc
+                    vf[dst + step + tx] = b + cc
+                    vf[dst + 2 * step + tx] = cc - b
+                    vf[dst + 3 * step + tx] = b - dd
 
 
 @njit(**OPTIONS)
-def wino_weights(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
+def wino_weights(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, last):
     """``u[o, k, c] = (G g G^T)[k]`` for each 3 x 3 filter ``g = w[o, c]`` (computed in float64),
     ``w`` (O, C, 3, 3), ``u`` (O, 16, C); tasks are output channels ``first:last``. Scalars only.
     (O, 16, C), not (16, O, C): an output channel's 16 rows are then neighbours, where 16 rows
     O * C apart (256 KB on 256 channels) fall into the same cache sets: 3.1 ms against 0.5 on 256 x 256 filters.)"""
     cg = w.shape[1]
+    t = np.empty(12, np.float64)  # G g (4 x 3), in float64 as the products after it
     for o in range(first, last):
+        uo = u[o]
         for c in range(cg):
             f = w[o, c]
-            g00, g01, g02 = np.float64(f[0, 0]), np.float64(f[0, 1]), np.float64(f[0, 2])
-            g10, g11, g12 = np.float64(f[1, 0]), np.float64(f[1, 1]), np.float64(f[1, 2])
-            g20, g21, g22 = np.float64(f[2, 0]), np.float64(f[2, 1]), np.float64(f[2, 2])
-            _g_row(u, 0, o, c, g00, g01, g02)  # G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2
-            _g_row(u, 4, o, c, 0.5 * (g00 + g10 + g20), 0.5 * (g01 + g11 + g21), 0.5 * (g02 + g12 + g22))
-            _g_row(u, 8, o, c, 0.5 * (g00 - g10 + g20), 0.5 * (g01 - g11 + g21), 0.5 * (g02 - g12 + g22))
-            _g_row(u, 12, o, c, g20, g21, g22)
+            for j in range(3):  # G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2
+                a, b, d = np.float64(f[0, j]), np.float64(f[1, j]), np.float64(f[2, j])
+                t[j] = a
+                t[3 + j] = 0.5 * (a + b + d)
+                t[6 + j] = 0.5 * (a - b + d)
+                t[9 + j] = d
+            for k in range(4):  # (G g) G^T, row by row: (a, b, d) -> (a, (a + b + d) / 2, (a - b + d) / 2, d)
+                a, b, d = t[3 * k], t[3 * k + 1], t[3 * k + 2]
+                uo[4 * k, c] = a
+                uo[4 * k + 1, c] = 0.5 * (a + b + d)
+                uo[4 * k + 2, c] = 0.5 * (a - b + d)
+                uo[4 * k + 3, c] = d
 
 
 @njit(**OPTIONS)
-def wino_gemm(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
+def wino_gemm(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, last):
     """``m[k, block] = u[block, k] @ v[k]`` for tasks (tile position k, block of ``mb`` output
     channels) ``first:last``: ``u`` (O, 16, C), ``v`` (16, C, T), ``m`` (16, O, T), one BLAS call
-    each (``u[block, k]`` read through its leading dimension 16 C)."""
+    each (``u[block, k]`` read through its leading dimension 16 C); ``ab`` = [1, 0], the GEMM's
+    scalars, from the launcher (allocated here, they compiled 0.1 s more on first use)."""
     o_out, c_in = u.shape[0], u.shape[2]
     tiles = v.shape[2]
     nblk = (o_out + mb - 1) // mb
     uf, vf, mf = u.reshape(-1), v.reshape(-1), m.reshape(-1)
-    ab = np.empty(2, m.dtype)
-    ab[0] = 1
-    ab[1] = 0
     for t in range(first, last):
         k = t // nblk
         o0 = (t - k * nblk) * mb
@@ -718,7 +796,7 @@ def wino_gemm(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
 
 
 @njit(**OPTIONS)
-def wino_output(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, first, last):
+def wino_output(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, last):
     """``out`` (N, O, Ho, Wo) from ``m`` (16, O, N * th * tw): each tile's 2 x 2 outputs
     ``A^T m A``, then the bias and activation (:data:`FUSED`); one task per (image, output
     channel), tasks ``first:last``; the last row or column of tiles may be cut by the map."""
@@ -774,7 +852,7 @@ def reorder_taps(w, wt):
 # convolutions) numba's OpenMP workers spin for a while, and on 2 cores a Python thread started
 # meanwhile waits for a core: ResNet-50's convolutions ran a third slower on Python threads.
 #
-# The wrappers call the loop by address (``fn``, a first-class function: :func:`task`), not by
+# The wrappers call the loop by address (``fn``, a first-class function: :func:`.jit.task`), not by
 # name. A call by name links the callee's whole call tree into the caller's LLVM module, which
 # numba then optimizes again (O3) as part of the caller: three times for a ``parallel=True``
 # wrapper (its parfor's kernel, the kernel's gufunc wrapper, the function itself). By address,
@@ -782,56 +860,23 @@ def reorder_taps(w, wt):
 # the loop: numba_gemm's par_shift took 0.82 s over its loop's 1.0, Winograd's four-stage par_wino
 # 2.9 s over its loops' 2.0. Loops that run one after the other in a kernel take one argument
 # list (the batch's and Winograd's stages), so that one wrapper, compiled once, runs them all.
+# Nothing in a wrapper is worth LLVM's optimizer (``WRAPPER``: numba's ``optnone``).
 
-class _Task:
-    """A compiled loop as a first-class function argument: its C wrapper's address and its type.
-    Not a ``WrapperAddressProtocol`` subclass: numba types those by building a ``FunctionType``
-    from the signature on every call (8 us of the wrapper's dispatch, 4 calls per Winograd); this
-    one carries its type (``_numba_type_``), and numba reads its address through the protocol's
-    ``__wrapper_address__``."""
+#: a loop as a first-class function for the wrappers (:func:`.jit.task`, shared with the softmax loops)
+from .jit import task, wrapper_options  # noqa: E402, F401
 
-    __slots__ = ("cres", "address", "sig", "_numba_type_")
-
-    def __init__(self, cres) -> None:
-        self.cres = cres  # keeps the code alive
-        self.address = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
-        self.sig = cres.signature
-        self._numba_type_ = types.FunctionType(self.sig)
-
-    def __wrapper_address__(self) -> int:
-        return self.address
-
-    def signature(self):
-        return self.sig
+#: the wrappers' options: parallel, LLVM's optimizer off (:func:`.jit.wrapper_options`)
+WRAPPER = wrapper_options(**OPTIONS)
 
 
-_TASKS: dict = {}
-
-
-def task(loop, *args):
-    """``loop`` (a plain loop above) compiled, or loaded from the disk cache, for ``args`` and a
-    range of tasks (``first``, ``last``: int64), as a first-class function of that one signature
-    for the ``par_*`` wrappers; kept per loop and operand layout (2 us per call, where numba's
-    ``typeof`` of the arrays would take 5 us each). The loops raise nothing but a failed
-    allocation, which a first-class call reports without raising (numba's C wrapper)."""
-    key = (loop,) + tuple((a.dtype, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable,
-                           a.flags.aligned) if isinstance(a, np.ndarray) else type(a) for a in args)
-    fn = _TASKS.get(key)
-    if fn is None:
-        sig = tuple(typeof(a) for a in args) + (types.int64, types.int64)
-        loop.compile(sig)
-        fn = _TASKS[key] = _Task(loop.overloads[sig])
-    return fn
-
-
-@njit(parallel=True, **OPTIONS)
+@njit(**WRAPPER)
 def par_pointwise(fn, x, w, bias, out, groups, nb, code, tasks, pieces):
     """:func:`pointwise_gemm` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
         fn(x, w, bias, out, groups, nb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
-@njit(parallel=True, **OPTIONS)
+@njit(**WRAPPER)
 def par_shift(fn, x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code, tasks, pieces):
     """:func:`shift_gemm` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
@@ -839,7 +884,7 @@ def par_shift(fn, x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, co
            tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
-@njit(parallel=True, **OPTIONS)
+@njit(**WRAPPER)
 def par_im2col(fn, x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code, tasks, pieces):
     """:func:`im2col_gemm` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
@@ -847,15 +892,16 @@ def par_im2col(fn, x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb,
            tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
-@njit(parallel=True, **OPTIONS)
+@njit(**WRAPPER)
 def par_phase(fn, x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code, tasks, pieces):
-    """:func:`phase_gemm` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    """:func:`phase_gemm`, :func:`phase_1x1` or :func:`phase_taps` (``fn``) over ``tasks`` tasks cut
+    into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
         fn(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, groups, code,
            tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
-@njit(parallel=True, **OPTIONS)
+@njit(**WRAPPER)
 def par_batch(fn, x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, mb, code, tasks, pieces):
     """A stage of ``numba_batch`` (``fn``: :func:`batch_columns` or :func:`batch_gemm`) over
     ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
@@ -864,12 +910,12 @@ def par_batch(fn, x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo
            tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
-@njit(parallel=True, **OPTIONS)
-def par_wino(fn, x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, tasks, pieces):
+@njit(**WRAPPER)
+def par_wino(fn, x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, tasks, pieces):
     """A stage of Winograd (``fn``: :func:`wino_input`, :func:`wino_weights`, :func:`wino_gemm`
     or :func:`wino_output`) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
-        fn(x, v, w, u, m, bias, out, pt, pl, th, tw, mb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
+        fn(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)

@@ -14,9 +14,12 @@ from numba import njit, prange
 from numba.extending import overload
 
 from ._nb_math import exp32_fast, exp64, maxnum, radd
+from .jit import wrapper_options
 
 #: no fastmath (NaN and inf keep their IEEE meaning); IEEE division (x / 0 is inf or NaN, never an exception)
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
+#: the by-address wrapper's (:func:`par_cols`): parallel, LLVM's optimizer off
+WRAPPER = wrapper_options(**OPTIONS)
 
 
 def fexp(x):  # pragma: no cover - replaced by the overload inside compiled code
@@ -169,7 +172,7 @@ def softmax_split(x, out, log, parts, block):
 
 
 @njit(**OPTIONS)
-def cols_stats(x, ms, ss, width, parts, first, last):
+def cols_stats(x, out, ms, ss, log, width, parts, first, last):
     """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``, first half: the
     tasks ``first:last`` of (outer index, block of ``width`` columns, one of ``parts`` runs of
     rows), each streaming its rows' blocks (whole rows when ``inner <= width``, which the
@@ -178,10 +181,10 @@ def cols_stats(x, ms, ss, width, parts, first, last):
     rescaled to it, vectorized across the columns and branch-free. A column of -inf keeps a zero
     sum, +inf and NaN give NaN sums.
 
-    Not ``parallel=True``: the launcher runs ranges of tasks on threads (``softmax.two_phases``),
-    and the two plain loops compile in half a ``prange`` version's time (the first use of softmax
-    along axis 0 took 2.3 s with three ``prange`` loops in one function, 3.6 s with two ``prange``
-    loops calling these)."""
+    (``out`` and ``log`` unused: :func:`cols_out`'s arguments, so that one parallel wrapper,
+    :func:`par_cols`, runs both.) Not ``parallel=True`` itself: a ``prange`` wrapper calls it by
+    address (the first use of softmax along axis 0 took 2.3 s with three ``prange`` loops in one
+    function, 3.6 s with two ``prange`` loops calling these by name)."""
     outer, n, inner = x.shape
     blocks = (inner + width - 1) // width
     step = (n + parts - 1) // parts
@@ -262,6 +265,16 @@ def cols_out(x, out, ms, ss, log, width, parts, first, last):
             else:
                 for c in range(w):
                     oi[c] = fexp(xi[c] - bm[c]) * sc[c]
+
+
+@njit(**WRAPPER)
+def par_cols(fn, x, out, ms, ss, log, width, parts, tasks, pieces):
+    """:func:`cols_stats` or :func:`cols_out` (``fn``, a first-class function: :func:`.jit.task`)
+    over ``tasks`` tasks cut into ``pieces`` ranges, in parallel on numba's threads. By address,
+    so the loops compile apart and this wrapper once for both (a call by name links the loop's
+    call tree into the wrapper and optimizes it again as part of its parallel region)."""
+    for p in prange(pieces):
+        fn(x, out, ms, ss, log, width, parts, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 # -- layer_norm / rms_norm ------------------------------------------------------------------------------

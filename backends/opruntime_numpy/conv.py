@@ -455,7 +455,9 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
     positions or rows) cut into ranges run on numba's threads, each range one call of a plain
     loop (gather or copy the block's columns, BLAS in the calling thread, epilogue, all in cache),
     scipy's BLAS held to one thread meanwhile (:mod:`._blas`). Strided convolutions copy their
-    columns from the block's stride phases (:func:`._nb_conv.phase_gemm`), the others gather them
+    columns from the block's stride phases (:func:`._nb_conv.phase_gemm`; 1x1 convs read the phase
+    in place, :func:`._nb_conv.phase_1x1`; many channels run a GEMM per tap on the phases,
+    :func:`._nb_conv.phase_taps`), the others gather them
     (:func:`._nb_conv.im2col_gemm`, no wide columns: best on small maps, 7 x 7). Where the BLAS
     threads cannot be held (another BLAS), one range."""
     from . import _blas
@@ -471,6 +473,8 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
     taps_gemm = kh * kw > 1 and cg >= TAPS_GEMM_CHANNELS and o * cg * kh * kw * itemsize(problem.dtype) <= TAPS_GEMM_BYTES
     if phased:
         wq, block, tasks = _phase_plan(problem, config)
+        # one loop per path, each compiled on its own first use
+        phase_loop = "phase_1x1" if kh * kw == 1 else "phase_taps" if taps_gemm else "phase_gemm"
     else:
         block = _block(problem, config)
         tasks = n * g * -(-(ho * wo) // block)
@@ -489,8 +493,8 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
                     if taps_gemm:
                         wt = np.empty((kh * kw, o, cg), dt)
                         jit.call(nb.reorder_taps, w2.reshape(o, cg, kh * kw), wt)
-                    run_tasks(nb, nb.par_phase, nb.phase_gemm, (x, w2.reshape(-1), wt.reshape(-1), b, out, kh, kw, sh, sw,
-                              dh, dw, pt, pl, wq, block, g, fused), tasks, pieces)
+                    run_tasks(nb, nb.par_phase, getattr(nb, phase_loop), (x, w2.reshape(-1), wt.reshape(-1), b, out, kh,
+                              kw, sh, sw, dh, dw, pt, pl, wq, block, g, fused), tasks, pieces)
                 else:
                     run_tasks(nb, nb.par_im2col, nb.im2col_gemm, (x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block,
                               fused), tasks, pieces)
@@ -544,19 +548,8 @@ def _gemm_plan(problem: Problem, config: Any) -> tuple[bool, int, int]:
     return False, rows, n * g * -(-ho // rows)
 
 
-def run_dynamic(loop: Any, *args: Any) -> None:
-    """``loop(*args)`` (a ``parallel=True`` wrapper of :mod:`._nb_conv`) with numba's chunk size
-    1 in this thread for the call: its ranges are handed out one at a time (dynamic schedule), not
-    cut evenly among the threads up front. On 2 cores shared with other libraries' spinning
-    threads (torch's OpenMP, NumPy's BLAS) the even split waited for the slower thread: the 7x7
-    stem measured 1.4-8.5 ms from round to round, 1.6-3.3 with one range at a time."""
-    import numba
-
-    old = numba.set_parallel_chunksize(1)
-    try:
-        jit.call(loop, *args)
-    finally:
-        numba.set_parallel_chunksize(old)
+#: numba's dynamic schedule for a ``par_*`` wrapper (:func:`.jit.run_dynamic`)
+run_dynamic = jit.run_dynamic
 
 
 def run_tasks(nb: Any, wrapper: Any, loop: Any, args: tuple, tasks: int, pieces: int) -> None:
@@ -761,7 +754,7 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
             v = buffers.empty((16, c, tiles), dt)
             u = buffers.empty((o, 16, c), dt)
             m = buffers.empty((16, o, tiles), dt)
-            args = (x, v, w.astype(dt, copy=False), u, m, b, out, pt, pl, th, tw, mb, fused)
+            args = (x, v, w.astype(dt, copy=False), u, m, b, out, np.array([1, 0], dt), pt, pl, th, tw, mb, fused)
             run_tasks(nb, nb.par_wino, nb.wino_input, args, n * c, p_in)
             run_tasks(nb, nb.par_wino, nb.wino_weights, args, o, p_w)
             with _blas.one_thread():

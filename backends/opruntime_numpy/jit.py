@@ -256,3 +256,86 @@ def threads() -> int:
     """How many threads a parallel loop uses (numba's, else the cores)."""
     numba = _state.get("numba")
     return int(numba.get_num_threads()) if numba is not None else (os.cpu_count() or 1)
+
+
+class _Task:
+    """A compiled loop as a first-class function argument: its C wrapper's address and its type.
+    Not a ``WrapperAddressProtocol`` subclass: numba types those by building a ``FunctionType``
+    from the signature on every call (8 us of the wrapper's dispatch, 4 calls per Winograd); this
+    one carries its type (``_numba_type_``), and numba reads its address through the protocol's
+    ``__wrapper_address__``."""
+
+    __slots__ = ("cres", "address", "sig", "_numba_type_")
+
+    def __init__(self, cres: Any) -> None:
+        from numba import types
+
+        self.cres = cres  # keeps the code alive
+        self.address = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+        self.sig = cres.signature
+        self._numba_type_ = types.FunctionType(self.sig)
+
+    def __wrapper_address__(self) -> int:
+        return self.address
+
+    def signature(self) -> Any:
+        return self.sig
+
+
+_TASKS: dict[tuple, _Task] = {}
+
+
+def task(loop: Any, *args: Any) -> _Task:
+    """``loop`` (a plain ``@njit`` loop over a range of tasks, ``loop(*args, first, last)``)
+    compiled, or loaded from the disk cache, for ``args`` and ``first``, ``last`` (int64), as a
+    first-class function of that one signature, for a ``parallel=True`` wrapper that calls it by
+    address (the ``par_*`` of :mod:`._nb_conv` and :mod:`._nb_rows`): by address, the loop is
+    optimized once in its own module, where a call by name links its call tree into the wrapper's
+    module, optimized again three times over (the parfor's kernel, its gufunc wrapper, the
+    function). Kept per loop and operand layout (2 us per call, where numba's ``typeof`` of the
+    arrays would take 5 us each). The loops raise nothing but a failed allocation, which a
+    first-class call reports without raising (numba's C wrapper)."""
+    import numpy as np
+
+    key = (loop,) + tuple((a.dtype, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable,
+                           a.flags.aligned) if isinstance(a, np.ndarray) else type(a) for a in args)
+    fn = _TASKS.get(key)
+    if fn is None:
+        from numba import typeof, types
+
+        sig = tuple(typeof(a) for a in args) + (types.int64, types.int64)
+        loop.compile(sig)
+        fn = _TASKS[key] = _Task(loop.overloads[sig])
+    return fn
+
+
+def wrapper_options(**options: Any) -> dict[str, Any]:
+    """``@njit`` options of a ``parallel=True`` wrapper that only calls a loop by address per
+    range (the ``par_*``): ``options`` plus ``parallel=True`` and numba's ``_dbg_optnone`` (LLVM's
+    ``optnone`` on the wrapper's functions: nothing in them is worth optimizing, the loop is
+    compiled apart), where this numba has it: such a wrapper compiled in 0.22 s instead of 0.31
+    (most of it LLVM's O3 of the parfor's three functions), a tenth of a kernel's first use."""
+    out = dict(options, parallel=True)
+    try:
+        from numba.core.cpu import CPUTargetOptions
+
+        if hasattr(CPUTargetOptions, "_dbg_optnone"):
+            out["_dbg_optnone"] = True
+    except ImportError:  # another numba layout: optimized wrappers
+        pass
+    return out
+
+
+def run_dynamic(wrapper: Any, *args: Any) -> None:
+    """``wrapper(*args)`` (a ``parallel=True`` wrapper of a loop) with numba's chunk size 1 in this
+    thread for the call: its ranges are handed out one at a time (dynamic schedule), not cut
+    evenly among the threads up front. On 2 cores shared with other libraries' spinning threads
+    (torch's OpenMP, NumPy's BLAS) the even split waited for the slower thread: the 7x7 stem
+    measured 1.4-8.5 ms from round to round, 1.6-3.3 with one range at a time."""
+    numba = _state["numba"]
+    old = numba.set_parallel_chunksize(1)
+    try:
+        call(wrapper, *args)
+    finally:
+        numba.set_parallel_chunksize(old)
+

@@ -48,6 +48,10 @@ IM2COL = [
     _cv((2, 48, 15, 13), (40, 48, 1, 1), stride=2),  # the downsample's strided 1x1
     _cv((2, 12, 17, 14), (8, 6, 3, 3), stride=(2, 3), padding=(1, 2), groups=2, dilation=(1, 2)),
     _cv((1, 3, 29, 31), (8, 3, 7, 7), stride=2, padding=3, activation="gelu_tanh", dtype="float64"),
+    # each strided path is its own loop (phase_1x1, phase_taps, phase_gemm): groups and dilation on the first two
+    _cv((2, 12, 11, 9), (9, 4, 1, 1), stride=2, groups=3, activation="relu"),  # grouped 1x1, odd map
+    _cv((2, 64, 13, 12), (24, 32, 3, 3), stride=2, padding=(2, 1), dilation=2, groups=2),  # taps: groups, dilation
+    _cv((1, 32, 9, 10), (8, 32, 3, 3), stride=(2, 3), padding=1, dtype="float64", views=("slice",)),  # taps, strided x
 ]
 
 

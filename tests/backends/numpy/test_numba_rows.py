@@ -154,35 +154,3 @@ def test_numba_softmax_strided_axis_runs_of_rows(op):
     assert np.array_equal(got[~fin], ref[~fin], equal_nan=True)
     assert np.linalg.norm(got[fin] - ref[fin]) / np.linalg.norm(ref[fin]) < 1e-5
 
-
-@pytest.mark.parametrize("tasks,workers", [(8, 2), (5, 2), (40, 2), (3, 3)])
-def test_two_phases_runs_each_piece_once_and_the_second_after_the_first(tasks, workers):
-    """softmax.two_phases (the strided softmax's runner): every task of each phase once, none of
-    the second before the first is done, and an error in a piece raised without leaving a thread
-    waiting (the pool keeps working)."""
-    import threading
-
-    from opruntime_numpy.softmax import two_phases
-
-    run = two_phases(tasks, workers)
-    lock = threading.Lock()
-    log: list[tuple[int, int]] = []
-
-    def phase(k):
-        def piece(i, j):
-            with lock:
-                log.extend((k, t) for t in range(i, j))
-        return piece
-
-    run(phase(1), phase(2))
-    assert sorted(log) == [(k, t) for k in (1, 2) for t in range(tasks)]
-    assert max(i for i, e in enumerate(log) if e[0] == 1) < min(i for i, e in enumerate(log) if e[0] == 2)
-    for bad in (0, tasks - 1):
-        def first(i, j, bad=bad):
-            if i <= bad < j:
-                raise ValueError("boom")
-        with pytest.raises(ValueError):
-            run(first, phase(2))
-    log.clear()
-    run(phase(1), phase(2))  # the pool's threads are free again
-    assert len(log) == 2 * tasks
