@@ -362,45 +362,60 @@ attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
 #endif
                     }
                 }
-                // -- scale into base 2, mask. s[n][e]: row g + 8 (e >> 1), key n0 + 8 n + 2 t + (e & 1)
+                // -- scale into base 2, mask. s[n][e]: row g + 8 (e >> 1), key n0 + 8 n + 2 t + (e & 1).
+                // A tile with no mask and no edge keeps its raw scores: the scale goes into ex2's
+                // FFMA below (scale > 0).
                 const bool edge = n0 + BN > S || (CAUSAL && n0 + BN - 1 > wr0);
+                const bool raw = !MASK && !edge && sl2 > 0.0f;
+                if (!raw) {
 #pragma unroll
-                for (int n = 0; n < NS; ++n)
+                    for (int n = 0; n < NS; ++n)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int kc = n0 + n * 8 + 2 * t + (e & 1);
-                        float x = s[n][e] * sl2;
+                        for (int e = 0; e < 4; ++e) {
+                            const int kc = n0 + n * 8 + 2 * t + (e & 1);
+                            float x = s[n][e] * sl2;
 #if MASK == 1
-                        if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
+                            if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
 #elif MASK == 2
-                        if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
+                            if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
 #endif
-                        if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
-                        s[n][e] = x;
-                    }
-                // -- online softmax: the quad of threads t = 0..3 shares rows g and g + 8
+                            if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
+                            s[n][e] = x;
+                        }
+                }
+                const float f = raw ? sl2 : 1.0f;  // s * f: the scores in base 2
+                // -- online softmax: the quad of threads t = 0..3 shares rows g and g + 8. The
+                // running max moves only when a row's max grows by more than 8 (or from -inf): the
+                // probabilities stay below 2^8, divided out by l at the end, and the output's
+                // rescaling is skipped while it does not move.
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
-                    float mx = m_r[hh];
+                    float mx = NEG_INF;
 #pragma unroll
                     for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hh], s[n][2 * hh + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float base = mx == NEG_INF ? 0.0f : mx;  // nothing visible yet: 2^(-inf - 0) = 0
-                    const float alpha = ex2(m_r[hh] - base);
-                    m_r[hh] = mx;
+                    mx *= f;
+                    float alpha = 1.0f;
+                    if (mx - m_r[hh] > 8.0f) {  // false for NaN (both -inf): nothing seen yet
+                        alpha = ex2(m_r[hh] - mx);
+                        m_r[hh] = mx;
+                    }
+                    const float nbase = m_r[hh] == NEG_INF ? 0.0f : -m_r[hh];  // 2^(-inf - 0) = 0
                     float sum = 0.0f;
 #pragma unroll
                     for (int n = 0; n < NS; ++n) {
-                        s[n][2 * hh] = ex2(s[n][2 * hh] - base);
-                        s[n][2 * hh + 1] = ex2(s[n][2 * hh + 1] - base);
+                        s[n][2 * hh] = ex2(fmaf(s[n][2 * hh], f, nbase));
+                        s[n][2 * hh + 1] = ex2(fmaf(s[n][2 * hh + 1], f, nbase));
                         sum += s[n][2 * hh] + s[n][2 * hh + 1];
                     }
                     l_r[hh] = l_r[hh] * alpha + sum;  // this thread's columns: summed over the quad at the end
+                    if (alpha != 1.0f) {
 #pragma unroll
-                    for (int n = 0; n < NO; ++n) {
-                        acc[n][2 * hh] *= alpha;
-                        acc[n][2 * hh + 1] *= alpha;
+                        for (int n = 0; n < NO; ++n) {
+                            acc[n][2 * hh] *= alpha;
+                            acc[n][2 * hh + 1] *= alpha;
+                        }
                     }
                 }
             }
