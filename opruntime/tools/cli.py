@@ -111,7 +111,8 @@ def case_options(suites: Sequence[str]) -> Callable[[Callable[..., Any]], Callab
             click.option("--device", "devices", multiple=True, metavar="NAME",
                          help="device, e.g. cpu or cuda:0 (repeatable)  [default: the first of `opruntime info`]"),
             click.option("--suite", type=click.Choice(suites), default="demo",
-                         help="the operators' bench shapes to run when no OP is given"),
+                         help="the operators' bench shapes to run: every operator's, or the named OPs' "
+                              "when no --shape is given"),
         ]
         for option in reversed(options):
             fn = option(fn)
@@ -129,8 +130,12 @@ def _cases(ops: Sequence[str], shapes: Sequence[tuple], dtype: str, attrs: Seque
            suite: str) -> list[bench.Case]:
     if not ops:
         return bench.SUITES[suite]
-    if not shapes:
-        raise click.UsageError("give --shape with an operator, e.g. --shape 1024x1024,1024x1024")
+    if not shapes:  # the suite's cases of these operators
+        cases = [c for c in bench.SUITES[suite] if c.op in ops]
+        if not cases:
+            raise click.UsageError(f"the {suite!r} suite has no case of {', '.join(ops)}: give --shape with an "
+                                   "operator, e.g. --shape 1024x1024,1024x1024, or another --suite")
+        return cases
     return [bench.make_case(op, s, dtype, dict(attrs)) for op in ops for s in shapes]
 
 

@@ -179,6 +179,24 @@ def test_bench_json_is_strict_and_in_seconds(capsys: pytest.CaptureFixture[str])
     assert isinstance(r["noisy"], list) and "numpy" in r["ratios"]
 
 
+def test_bench_runs_a_suites_cases_of_the_named_operators(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    ran = []
+
+    def record(case, device, **kw):  # noqa: ANN001, ANN003 - bench.run_case's signature
+        ran.append(case)
+        return bench.Result(case.op, case.label, case.dtype, device.name, error="RuntimeError: not timed")
+
+    monkeypatch.setattr(bench, "run_case", record)
+    main(["bench", "matmul", "softmax", "--suite", "cpu", "--device", "cpu", "--json"])
+    capsys.readouterr()
+    want = [c for c in bench.SUITES["cpu"] if c.op in ("matmul", "softmax")]
+    assert ran == want and {c.op for c in want} == {"matmul", "softmax"}
+    # the suite has no case of it: a usage error that says so
+    assert main(["bench", "matmul", "--suite", "attention", "--device", "cpu"]) == 2
+    assert "no case of matmul" in capsys.readouterr().err
+
+
 def test_bench_json_turns_nan_into_null(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     def failing(case, device, **kw):  # noqa: ANN001, ANN003 - bench.run_case's signature
         return bench.Result(case.op, case.label, case.dtype, device.name, error="RuntimeError: no")
