@@ -704,19 +704,28 @@ def batch_gemm(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, m
 # 1e-7 in float32 against the float64 reference on ResNet's layers). Infinite inputs differ from
 # the direct sum (inf - inf in the transforms gives NaN), as any Winograd's, the CUDA backend's too.
 
+#: The stages' flat scratch ``s`` (T = N * th * tw tiles of 2 x 2 outputs, th = ceil(Ho / 2), tw =
+#: ceil(Wo / 2)): ``v`` (16, C, T) from 0, ``u`` (O, 16, C) from 16 C T, ``m`` (16, O, T) from
+#: 16 C T + 16 O C, then ``ab`` = [1, 0] (the GEMMs' scalars, set by the launcher). Each stage
+#: computes the offsets it needs in place (an inlined helper for them compiled slower).
+WINO_LAYOUT = ("v (16, C, T)", "u (O, 16, C)", "m (16, O, T)", "ab (2,)")
+
+
 @njit(**OPTIONS)
-def wino_input(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, last):
+def wino_input(x, w, bias, out, s, pt, pl, mb, code, first, last):
     """``v[k, c, tile] = (B^T d B)[k]`` for every 4 x 4 input tile ``d`` (zero-padded): ``x``
-    (N, C, H, W) any strides, ``v`` (16, C, N * th * tw). One task per (image, channel), tasks
-    ``first:last``: per row of tiles the four input rows are combined down the columns at once,
-    then across each tile's four columns. (The four stages take the same arguments: one signature,
-    one parallel wrapper.)"""
+    (N, C, H, W) any strides, ``v`` (16, C, N * th * tw) at the start of the flat scratch ``s``
+    (:data:`WINO_LAYOUT`). One task per (image, channel), tasks ``first:last``: per row of tiles
+    the four input rows are combined down the columns at once, then across each tile's four
+    columns. (The four stages take the same arguments, the three intermediates in one scratch
+    array: one signature and one parallel wrapper, of few arguments: each array argument cost the
+    wrapper's first use 0.02 s.)"""
     n_img, c_in, h, wd = x.shape
+    th, tw = (out.shape[2] + 1) // 2, (out.shape[3] + 1) // 2
+    tiles = n_img * th * tw
     width = 2 * tw + 2
-    tiles = v.shape[2]
     step = c_in * tiles  # from one tile position's plane of v to the next
-    vf = v.reshape(-1)  # flat (the reshape wino_gemm compiles too: a first use 0.1 s shorter than slices of v)
-    rows = np.empty((8, width), v.dtype)  # four input rows, then B^T d; written whole per row of tiles
+    rows = np.empty((8, width), s.dtype)  # four input rows, then B^T d; written whole per row of tiles
     for t in range(first, last):
         n = t // c_in
         c = t - n * c_in
@@ -745,86 +754,97 @@ def wino_input(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, la
                 dst = 4 * i * step + base
                 for tx in range(tw):
                     a, b, cc, dd = ti[2 * tx], ti[2 * tx + 1], ti[2 * tx + 2], ti[2 * tx + 3]
-                    vf[dst + tx] = a - cc
-                    vf[dst + step + tx] = b + cc
-                    vf[dst + 2 * step + tx] = cc - b
-                    vf[dst + 3 * step + tx] = b - dd
+                    s[dst + tx] = a - cc
+                    s[dst + step + tx] = b + cc
+                    s[dst + 2 * step + tx] = cc - b
+                    s[dst + 3 * step + tx] = b - dd
 
 
 @njit(**OPTIONS)
-def wino_weights(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, last):
+def wino_weights(x, w, bias, out, s, pt, pl, mb, code, first, last):
     """``u[o, k, c] = (G g G^T)[k]`` for each 3 x 3 filter ``g = w[o, c]`` (computed in float64),
-    ``w`` (O, C, 3, 3), ``u`` (O, 16, C); tasks are output channels ``first:last``. Scalars only.
-    (O, 16, C), not (16, O, C): an output channel's 16 rows are then neighbours, where 16 rows
-    O * C apart (256 KB on 256 channels) fall into the same cache sets: 3.1 ms against 0.5 on 256 x 256 filters.)"""
-    cg = w.shape[1]
+    ``w`` (O, C, 3, 3) C-contiguous and flat, ``u`` (O, 16, C) in the scratch ``s``; tasks are output channels
+    ``first:last``. (O, 16, C), not (16, O, C): an output channel's 16 rows are then neighbours,
+    where 16 rows O * C apart (256 KB on 256 channels) fall into the same cache sets: 3.1 ms
+    against 0.5 on 256 x 256 filters.)"""
+    n_img, c_in = x.shape[0], x.shape[1]
+    u0 = 16 * c_in * n_img * ((out.shape[2] + 1) // 2) * ((out.shape[3] + 1) // 2)  # the scratch's layout (WINO_LAYOUT)
     t = np.empty(12, np.float64)  # G g (4 x 3), in float64 as the products after it
     for o in range(first, last):
-        uo = u[o]
-        for c in range(cg):
-            f = w[o, c]
+        uo = u0 + o * 16 * c_in
+        for c in range(c_in):
+            f = (o * c_in + c) * 9  # the filter's 3 x 3 values in the flat w
             for j in range(3):  # G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2
-                a, b, d = np.float64(f[0, j]), np.float64(f[1, j]), np.float64(f[2, j])
+                a, b, d = np.float64(w[f + j]), np.float64(w[f + 3 + j]), np.float64(w[f + 6 + j])
                 t[j] = a
                 t[3 + j] = 0.5 * (a + b + d)
                 t[6 + j] = 0.5 * (a - b + d)
                 t[9 + j] = d
             for k in range(4):  # (G g) G^T, row by row: (a, b, d) -> (a, (a + b + d) / 2, (a - b + d) / 2, d)
                 a, b, d = t[3 * k], t[3 * k + 1], t[3 * k + 2]
-                uo[4 * k, c] = a
-                uo[4 * k + 1, c] = 0.5 * (a + b + d)
-                uo[4 * k + 2, c] = 0.5 * (a - b + d)
-                uo[4 * k + 3, c] = d
+                r = uo + 4 * k * c_in + c
+                s[r] = a
+                s[r + c_in] = 0.5 * (a + b + d)
+                s[r + 2 * c_in] = 0.5 * (a - b + d)
+                s[r + 3 * c_in] = d
 
 
 @njit(**OPTIONS)
-def wino_gemm(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, last):
+def wino_gemm(x, w, bias, out, s, pt, pl, mb, code, first, last):
     """``m[k, block] = u[block, k] @ v[k]`` for tasks (tile position k, block of ``mb`` output
-    channels) ``first:last``: ``u`` (O, 16, C), ``v`` (16, C, T), ``m`` (16, O, T), one BLAS call
-    each (``u[block, k]`` read through its leading dimension 16 C); ``ab`` = [1, 0], the GEMM's
-    scalars, from the launcher (allocated here, they compiled 0.1 s more on first use)."""
-    o_out, c_in = u.shape[0], u.shape[2]
-    tiles = v.shape[2]
+    channels) ``first:last``: ``u`` (O, 16, C), ``v`` (16, C, T), ``m`` (16, O, T), all in the
+    scratch ``s``, one BLAS call each (``u[block, k]`` read through its leading dimension 16 C)."""
+    c_in, o_out = x.shape[1], out.shape[1]
+    tiles = x.shape[0] * ((out.shape[2] + 1) // 2) * ((out.shape[3] + 1) // 2)
+    u0 = 16 * c_in * tiles  # the scratch's layout (WINO_LAYOUT)
+    m0 = u0 + 16 * o_out * c_in
+    ab0 = m0 + 16 * o_out * tiles
     nblk = (o_out + mb - 1) // mb
-    uf, vf, mf = u.reshape(-1), v.reshape(-1), m.reshape(-1)
+    ab = s[ab0:ab0 + 2]
     for t in range(first, last):
         k = t // nblk
         o0 = (t - k * nblk) * mb
         cnt = min(mb, o_out - o0)
-        _gemm(uf, (o0 * 16 + k) * c_in, 16 * c_in, vf, k * c_in * tiles, tiles, mf, (k * o_out + o0) * tiles, tiles,
-              cnt, tiles, c_in, ab)
+        _gemm(s, u0 + (o0 * 16 + k) * c_in, 16 * c_in, s, k * c_in * tiles, tiles, s, m0 + (k * o_out + o0) * tiles,
+              tiles, cnt, tiles, c_in, ab)
 
 
 @njit(**OPTIONS)
-def wino_output(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, first, last):
-    """``out`` (N, O, Ho, Wo) from ``m`` (16, O, N * th * tw): each tile's 2 x 2 outputs
-    ``A^T m A``, then the bias and activation (:data:`FUSED`); one task per (image, output
+def wino_output(x, w, bias, out, s, pt, pl, mb, code, first, last):
+    """``out`` (N, O, Ho, Wo) from ``m`` (16, O, N * th * tw) in the scratch ``s``: each tile's 2 x 2
+    outputs ``A^T m A``, then the bias and activation (:data:`FUSED`); one task per (image, output
     channel), tasks ``first:last``; the last row or column of tiles may be cut by the map."""
     n_img, o_out, ho, wo = out.shape
+    c_in = x.shape[1]
+    th, tw = (ho + 1) // 2, (wo + 1) // 2
+    tiles = n_img * th * tw
+    m0 = 16 * c_in * tiles + 16 * o_out * c_in  # the scratch's layout (WINO_LAYOUT)
+    step = o_out * tiles  # from one tile position's plane of m to the next
     has_bias = bias.shape[0] > 0
     dt = out.dtype
-    s = np.empty((8, tw), dt)
+    sc = np.empty((8, tw), dt)
     for t in range(first, last):
         n = t // o_out
         o = t - n * o_out
         bv = bias[o] if has_bias else dt.type(0.0)
         for ty in range(th):
-            base = (n * th + ty) * tw
+            base = m0 + o * tiles + (n * th + ty) * tw
             for j in range(4):  # A^T m: the two rows of each tile, per column j
-                m0 = m[j, o, base:base + tw]
-                m1 = m[4 + j, o, base:base + tw]
-                m2 = m[8 + j, o, base:base + tw]
-                m3 = m[12 + j, o, base:base + tw]
+                src = base + j * step
+                m0r = s[src:src + tw]
+                m1r = s[src + 4 * step:src + 4 * step + tw]
+                m2r = s[src + 8 * step:src + 8 * step + tw]
+                m3r = s[src + 12 * step:src + 12 * step + tw]
                 for tx in range(tw):
-                    s[j, tx] = m0[tx] + m1[tx] + m2[tx]
-                    s[4 + j, tx] = m1[tx] - m2[tx] - m3[tx]
+                    sc[j, tx] = m0r[tx] + m1r[tx] + m2r[tx]
+                    sc[4 + j, tx] = m1r[tx] - m2r[tx] - m3r[tx]
             for i in range(2):  # (A^T m) A: the two columns
                 oy = 2 * ty + i
                 if oy >= ho:
                     break
                 row = out[n, o, oy]
                 for tx in range(tw):
-                    a, b, cc, dd = s[4 * i, tx], s[4 * i + 1, tx], s[4 * i + 2, tx], s[4 * i + 3, tx]
+                    a, b, cc, dd = sc[4 * i, tx], sc[4 * i + 1, tx], sc[4 * i + 2, tx], sc[4 * i + 3, tx]
                     row[2 * tx] = a + b + cc
                     if 2 * tx + 1 < wo:
                         row[2 * tx + 1] = b - cc - dd
@@ -911,11 +931,11 @@ def par_batch(fn, x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo
 
 
 @njit(**WRAPPER)
-def par_wino(fn, x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, tasks, pieces):
+def par_wino(fn, x, w, bias, out, s, pt, pl, mb, code, tasks, pieces):
     """A stage of Winograd (``fn``: :func:`wino_input`, :func:`wino_weights`, :func:`wino_gemm`
     or :func:`wino_output`) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
-        fn(x, v, w, u, m, bias, out, ab, pt, pl, th, tw, mb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
+        fn(x, w, bias, out, s, pt, pl, mb, code, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)

@@ -751,10 +751,11 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
         out = buffers.empty(problem.out_shape, dt)
         if out.size:
             # scratch from the pool too: fresh mappings of tens of MB fault in page by page
-            v = buffers.empty((16, c, tiles), dt)
-            u = buffers.empty((o, 16, c), dt)
-            m = buffers.empty((16, o, tiles), dt)
-            args = (x, v, w.astype(dt, copy=False), u, m, b, out, np.array([1, 0], dt), pt, pl, th, tw, mb, fused)
+            # v (16, C, T), u (O, 16, C), m (16, O, T) and the GEMMs' [1, 0] in one flat scratch
+            # (_nb_conv.WINO_LAYOUT): the stages' parallel wrapper takes few arguments
+            s = buffers.empty((16 * (c * tiles + o * c + o * tiles) + 2,), dt)
+            s[-2:] = (1, 0)
+            args = (x, np.ascontiguousarray(w, dt).reshape(-1), b, out, s, pt, pl, mb, fused)
             run_tasks(nb, nb.par_wino, nb.wino_input, args, n * c, p_in)
             run_tasks(nb, nb.par_wino, nb.wino_weights, args, o, p_w)
             with _blas.one_thread():
