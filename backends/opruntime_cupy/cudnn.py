@@ -80,9 +80,12 @@ HOST_S, HOST_MASK_S = 35e-6, 140e-6
 #: causal, 0.67 full), scaled by (E / 128) ** 0.6 below 128: head dim 64 (B*S = 16384, H = 32)
 #: ran at 0.41 full, 0.31 causal at S=1024 to 0.43 at S=16384
 SDPA_EFF = 0.6
-#: of the peak (tensor cores for 16-bit, the float32 FMA rate for float32), convolutions of ResNet-50
-#: on an H100 in place (NCHW), 16-bit scaled by C / 32 below 32 channels (the 3-channel stem ran at 0.02)
-CONV_EFF = {"half": 0.14, "float32": 0.5}
+#: of the peak (tensor cores for 16-bit, the float32 FMA rate for float32), the GPU suite's ResNet-50
+#: convolutions on an H100 in place (NCHW), 2026-11-24: 16-bit 60-62 us on the 3x3 layers, float32
+#: 255-275 us (0.41 of the FMA peak); scaled by (C / 32) ** CONV_SMALL_C below 32 channels per group
+#: (the 3-channel 7x7 stem: 337 us in 16-bit, 390 us in float32)
+CONV_EFF = {"half": 0.124, "float32": 0.41}
+CONV_SMALL_C = {"half": 0.72, "float32": 0.15}
 TRANSPOSE_EFF = 0.25  # of the memory bandwidth: CuPy's copies to and from channels-last (the nhwc config)
 CONV_CONFIGS = ({"layout": "nhwc"}, {"layout": "nchw"})
 MEASURE_PLANS = 4  # convolution plans built and timed in prepare (cuDNN's first is often not its fastest)
@@ -573,7 +576,8 @@ def cost_conv(problem: Problem, config: Mapping[str, Any]) -> float:
     f32, f16, bw = problem.device.provider.figures()
     flops, io = _conv_sizes(problem)
     half = problem.dtype in HALVES
-    eff = CONV_EFF["half"] * min(1.0, problem.shapes[1][1] / 32) if half else CONV_EFF["float32"]
+    kind = "half" if half else "float32"
+    eff = CONV_EFF[kind] * min(1.0, problem.shapes[1][1] / 32) ** CONV_SMALL_C[kind]
     gpu = max(flops / ((f16 if half else f32) * eff), io / bw)
     if config["layout"] == "nhwc":  # input, weight and result each read and written once more
         gpu += 2.0 * io / (bw * TRANSPOSE_EFF) + 3 * 4e-6
