@@ -73,6 +73,66 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// The online softmax of one key tile in the tensor-core kernels (FAMILY 1 and 4), on the scores as
+// the mma accumulators lay them out: s[4 n + e] is row g + 8 (e >> 1) of the warp's 16 (first row
+// wr0), key n0 + 8 n + 2 t + (e & 1), for N8 tiles of 8 keys; the quad t = 0..3 shares rows g and
+// g + 8. The scores become 2^(score * scale * log2 e - m), m_r and l_r (this thread's columns of
+// the row sum: summed over the quad at the end) move on, and alpha is the factor the output so far
+// must take. mk, mrow, smc: the mask (MASK 1: bytes, nonzero takes part; MASK 2: additive, type M)
+// and this thread's two rows of it.
+//   A tile with no mask and no edge keeps its raw scores: the scale goes into ex2's FFMA (scale
+//   > 0). The running max m moves only when a row's max grows by more than 8 (or from -inf): the
+//   probabilities stay below 2^8 (exact in the 16-bit types' range, divided out by l at the end),
+//   and alpha stays 1 while it holds, so the caller can skip rescaling the output.
+template <int N8, typename M>
+__device__ __forceinline__ void tile_softmax(float* s, int n0, int S, int wr0, int g, int t, float sl2, float* m_r,
+                                             float* l_r, float* alpha, const M* mk, const i64* mrow, i64 smc) {
+    const bool edge = n0 + 8 * N8 > S || (CAUSAL && n0 + 8 * N8 - 1 > wr0);
+    const bool raw = !MASK && !edge && sl2 > 0.0f;
+    if (!raw) {
+#pragma unroll
+        for (int n = 0; n < N8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int kc = n0 + n * 8 + 2 * t + (e & 1);
+                float x = s[4 * n + e] * sl2;
+#if MASK == 1
+                if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
+#elif MASK == 2
+                if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
+#else
+                (void)mk, (void)mrow, (void)smc;
+#endif
+                if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
+                s[4 * n + e] = x;
+            }
+    }
+    const float f = raw ? sl2 : 1.0f;  // s * f: the scores in base 2
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float mx = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < N8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx *= f;
+        alpha[hh] = 1.0f;
+        if (mx - m_r[hh] > 8.0f) {  // false for NaN (both -inf): nothing seen yet, nothing moves
+            alpha[hh] = ex2(m_r[hh] - mx);
+            m_r[hh] = mx;
+        }
+        const float nbase = m_r[hh] == NEG_INF ? 0.0f : -m_r[hh];  // 2^(-inf - 0) = 0
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < N8; ++n) {
+            s[4 * n + 2 * hh] = ex2(fmaf(s[4 * n + 2 * hh], f, nbase));
+            s[4 * n + 2 * hh + 1] = ex2(fmaf(s[4 * n + 2 * hh + 1], f, nbase));
+            sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
+        }
+        l_r[hh] = l_r[hh] * alpha[hh] + sum;
+    }
+}
+
 // ===============================================================================================
 #if FAMILY == 1
 // FlashAttention-2. One block per (tile of BM query rows, batch x head); WARPS warps, each owning
@@ -362,62 +422,22 @@ attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
 #endif
                     }
                 }
-                // -- scale into base 2, mask. s[n][e]: row g + 8 (e >> 1), key n0 + 8 n + 2 t + (e & 1).
-                // A tile with no mask and no edge keeps its raw scores: the scale goes into ex2's
-                // FFMA below (scale > 0).
-                const bool edge = n0 + BN > S || (CAUSAL && n0 + BN - 1 > wr0);
-                const bool raw = !MASK && !edge && sl2 > 0.0f;
-                if (!raw) {
-#pragma unroll
-                    for (int n = 0; n < NS; ++n)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int kc = n0 + n * 8 + 2 * t + (e & 1);
-                            float x = s[n][e] * sl2;
-#if MASK == 1
-                            if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
-#elif MASK == 2
-                            if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
+                // -- the online softmax (tile_softmax): s[n][e] is its s[4 n + e]
+                float alpha[2];
+#if MASK
+                tile_softmax<NS>(&s[0][0], n0, S, wr0, g, t, sl2, m_r, l_r, alpha, mk, mrow, smc);
+#else
+                tile_softmax<NS, unsigned char>(&s[0][0], n0, S, wr0, g, t, sl2, m_r, l_r, alpha, nullptr, nullptr, 0);
 #endif
-                            if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
-                            s[n][e] = x;
-                        }
-                }
-                const float f = raw ? sl2 : 1.0f;  // s * f: the scores in base 2
-                // -- online softmax: the quad of threads t = 0..3 shares rows g and g + 8. The
-                // running max moves only when a row's max grows by more than 8 (or from -inf): the
-                // probabilities stay below 2^8, divided out by l at the end, and the output's
-                // rescaling is skipped while it does not move.
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    float mx = NEG_INF;
-#pragma unroll
-                    for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hh], s[n][2 * hh + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    mx *= f;
-                    float alpha = 1.0f;
-                    if (mx - m_r[hh] > 8.0f) {  // false for NaN (both -inf): nothing seen yet
-                        alpha = ex2(m_r[hh] - mx);
-                        m_r[hh] = mx;
-                    }
-                    const float nbase = m_r[hh] == NEG_INF ? 0.0f : -m_r[hh];  // 2^(-inf - 0) = 0
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < NS; ++n) {
-                        s[n][2 * hh] = ex2(fmaf(s[n][2 * hh], f, nbase));
-                        s[n][2 * hh + 1] = ex2(fmaf(s[n][2 * hh + 1], f, nbase));
-                        sum += s[n][2 * hh] + s[n][2 * hh + 1];
-                    }
-                    l_r[hh] = l_r[hh] * alpha + sum;  // this thread's columns: summed over the quad at the end
-                    if (alpha != 1.0f) {
+                for (int hh = 0; hh < 2; ++hh)
+                    if (alpha[hh] != 1.0f) {
 #pragma unroll
                         for (int n = 0; n < NO; ++n) {
-                            acc[n][2 * hh] *= alpha;
-                            acc[n][2 * hh + 1] *= alpha;
+                            acc[n][2 * hh] *= alpha[hh];
+                            acc[n][2 * hh + 1] *= alpha[hh];
                         }
                     }
-                }
             }
             cp_async_wait<2>();  // v[j] has landed
             __syncthreads();     // ... for every thread; and every warp is done with k[j]
@@ -939,59 +959,13 @@ attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bit
     i64 mrow[2];
     i64 smc = 0;
 #endif
-    // the scores of key tile j (landed in s) into base 2, masked, and the online softmax: s becomes
-    // 2^(s - m), m_r and l_r move on, alpha is the factor the output so far must take (applied once
-    // the product in flight has landed). s[4 n + e] is row g + 8 (e >> 1), key n0 + 8 n + 2 t +
-    // (e & 1); the quad t = 0..3 shares rows g and g + 8.
-    //
-    // The running max m moves only when a row's max grows by more than 8 (or from -inf): the
-    // probabilities then stay below 2^8 (exact in the 16-bit types' range, and divided out by l at
-    // the end), and the output's rescaling is skipped by a warp whose rows all kept theirs. A tile
-    // with no mask and no edge keeps its raw scores: the scale goes into ex2's FFMA (scale > 0).
+    // the online softmax of key tile j (landed in s): tile_softmax
     auto softmax_tile = [&](int j, int wr0) {
-        const int n0 = j * BN;
-        const bool edge = n0 + BN > S || (CAUSAL && n0 + BN - 1 > wr0);
-        const bool raw = !MASK && !edge && sl2 > 0.0f;
-        if (!raw) {
-#pragma unroll
-            for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int kc = n0 + n * 8 + 2 * t + (e & 1);
-                    float x = s[4 * n + e] * sl2;
-#if MASK == 1
-                    if (kc < S && !mk[mrow[e >> 1] + kc * smc]) x = NEG_INF;
-#elif MASK == 2
-                    if (kc < S) x = fmaf(to_acc(mk[mrow[e >> 1] + kc * smc]), LOG2E, x);
+#if MASK
+        tile_softmax<BN / 8>(s, j * BN, S, wr0, g, t, sl2, m_r, l_r, alpha, mk, mrow, smc);
+#else
+        tile_softmax<BN / 8, unsigned char>(s, j * BN, S, wr0, g, t, sl2, m_r, l_r, alpha, nullptr, nullptr, 0);
 #endif
-                    if (edge && (kc >= S || (CAUSAL && kc > wr0 + g + (e >> 1) * 8))) x = NEG_INF;
-                    s[4 * n + e] = x;
-                }
-        }
-        const float f = raw ? sl2 : 1.0f;  // s * f: the scores in base 2
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int n = 0; n < BN / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx *= f;
-            alpha[hh] = 1.0f;
-            if (mx - m_r[hh] > 8.0f) {  // false for NaN (both -inf): nothing seen yet, nothing moves
-                alpha[hh] = ex2(m_r[hh] - mx);
-                m_r[hh] = mx;
-            }
-            const float nbase = m_r[hh] == NEG_INF ? 0.0f : -m_r[hh];
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < BN / 8; ++n) {
-                s[4 * n + 2 * hh] = ex2(fmaf(s[4 * n + 2 * hh], f, nbase));
-                s[4 * n + 2 * hh + 1] = ex2(fmaf(s[4 * n + 2 * hh + 1], f, nbase));
-                sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
-            }
-            l_r[hh] = l_r[hh] * alpha[hh] + sum;
-        }
     };
     // the output so far times alpha, and the probabilities as the A fragments of P v
     auto rescale_and_pack = [&]() {
