@@ -70,6 +70,23 @@ def activation_attr(op: str, value: Any) -> str | None:
                               f"got {value!r}")
 
 
+def torch_activation(torch: Any, name: str | None, y: Any) -> Any:
+    """A peer's activation after its arithmetic, as a torch user writes it: ``F.relu(y)``."""
+    if name is None:
+        return y
+    f = torch.nn.functional
+    return f.gelu(y, approximate="tanh") if name == "gelu_tanh" else getattr(f, name)(y)
+
+
+def jax_activation(jax: Any, name: str | None, y: Any) -> Any:
+    """A JAX peer's activation inside its jitted function (XLA fuses it with the arithmetic)."""
+    if name is None:
+        return y
+    if name in ("gelu", "gelu_tanh"):
+        return jax.nn.gelu(y, approximate=name == "gelu_tanh")
+    return getattr(jax.nn, name)(y)
+
+
 #: ``opruntime.mesh`` once imported (it sits above the operators and registers itself here): a
 #: call that involves a mesh is its ``run``'s, ``explain`` of one its ``explain``'s
 mesh: Any = None

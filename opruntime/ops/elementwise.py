@@ -32,7 +32,7 @@ from ..errors import AttributeValueError, DtypeError, ShapeError, UnknownAttribu
 from ..kernels import Attrs, Problem, c_strides
 from ..tensor import Tensor
 from ..typing import ArrayLike, DeviceLike
-from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr
+from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr, jax_activation, torch_activation
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("neg", "relu", "gelu", "silu", "sigmoid", "tanh")
@@ -174,9 +174,9 @@ class Binary(Operator):
         self.bench = {"cpu": cpu, "overhead": [_b((16,), (16,))], "gpu": gpu}
         self.peers = {
             "numpy": lambda np, a, b, activation=None: _numpy_act(np, activation, python(a, b)),
-            "torch": lambda torch, a, b, activation=None: _torch_act(torch, activation,
+            "torch": lambda torch, a, b, activation=None: torch_activation(torch, activation,
                                                                      getattr(torch, torch_name)(a, b)),
-            "jax": lambda jax, a, b, activation=None: _jax_act(jax, activation, python(a, b)),
+            "jax": lambda jax, a, b, activation=None: jax_activation(jax, activation, python(a, b)),
             "onnx": lambda activation=None: _onnx_chain((onnx_name, {}), activation),
         }
         super().__init__()
@@ -234,23 +234,6 @@ def _numpy_act(np: Any, name: str | None, y: Any) -> Any:
     if name == "silu":
         return _silu_np(np, y)
     return _gelu_np(np, y, "tanh" if name == "gelu_tanh" else "none")
-
-
-def _torch_act(torch: Any, name: str | None, y: Any) -> Any:
-    """torch's activation after its arithmetic, as a torch user writes it: ``F.relu(a + b)``."""
-    if name is None:
-        return y
-    f = torch.nn.functional
-    return f.gelu(y, approximate="tanh") if name == "gelu_tanh" else getattr(f, name)(y)
-
-
-def _jax_act(jax: Any, name: str | None, y: Any) -> Any:
-    """JAX's activation inside the jitted peer (XLA fuses it with the arithmetic)."""
-    if name is None:
-        return y
-    if name in ("gelu", "gelu_tanh"):
-        return jax.nn.gelu(y, approximate=name == "gelu_tanh")
-    return getattr(jax.nn, name)(y)
 
 
 def _onnx_chain(node: tuple[str, dict], activation: str | None) -> Any:

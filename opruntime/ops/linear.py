@@ -24,7 +24,7 @@ from ..errors import ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
 from ..typing import ArrayLike, DeviceLike
-from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr
+from .base import ACTIVATIONS, Case, Normalized, Operator, activation_attr, jax_activation, torch_activation
 
 
 def _ln(x: tuple[int, ...], n: int, bias: bool = True, activation: str | None = None,
@@ -32,21 +32,6 @@ def _ln(x: tuple[int, ...], n: int, bias: bool = True, activation: str | None = 
     k = x[-1]
     shapes = (x, (n, k), (n,)) if bias else (x, (n, k))
     return Case(shapes, {"activation": activation}, dtype, views)
-
-
-def _torch_act(torch: Any, name: str | None, y: Any) -> Any:
-    f = torch.nn.functional
-    if name is None:
-        return y
-    return f.gelu(y, approximate="tanh") if name == "gelu_tanh" else getattr(f, name)(y)
-
-
-def _jax_act(jax: Any, name: str | None, y: Any) -> Any:
-    if name is None:
-        return y
-    if name in ("gelu", "gelu_tanh"):
-        return jax.nn.gelu(y, approximate=name == "gelu_tanh")
-    return getattr(jax.nn, name)(y)
 
 
 def _numpy_peer(np: Any, x: Any, weight: Any, bias: Any = None, activation: str | None = None) -> Any:
@@ -66,12 +51,12 @@ def _numpy_peer(np: Any, x: Any, weight: Any, bias: Any = None, activation: str 
 
 
 def _torch_peer(torch: Any, x: Any, weight: Any, bias: Any = None, activation: str | None = None) -> Any:
-    return _torch_act(torch, activation, torch.nn.functional.linear(x, weight, bias))
+    return torch_activation(torch, activation, torch.nn.functional.linear(x, weight, bias))
 
 
 def _jax_peer(jax: Any, x: Any, weight: Any, bias: Any = None, activation: str | None = None) -> Any:
     y = jax.numpy.matmul(x, weight.T, precision=jax.lax.Precision.HIGHEST)
-    return _jax_act(jax, activation, y if bias is None else y + bias)
+    return jax_activation(jax, activation, y if bias is None else y + bias)
 
 
 def _onnx_peer(activation: str | None = None) -> Any:
