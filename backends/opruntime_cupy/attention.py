@@ -43,8 +43,9 @@ needed. The mask is always read element by element through its strides (a bool m
 additive one in the problem's dtype). The output is a new C-contiguous (B, H, L, Ev) array.
 
 Measured on an H100 (B=4 H=16 S=4096 E=128, TFLOP/s, not causal / causal; details beside
-:data:`FLASH_EFF`): ``flash_wgmma`` 415-422 / 321, ``flash`` 301 / 229, ``flash_f32`` 47 / 43; torch's
-FlashAttention-2 361 / 312, cuDNN 661 / 565, torch's float32 (efficient kernel) 47 / 46.
+:data:`WGMMA_EFF` and :data:`FLASH_EFF`): ``flash_wgmma`` 490-510 / 411-434 (0.76-0.88x cuDNN
+in the same runs; 0.68-0.92x over the issue's grid), ``flash`` 301 / 229, ``flash_f32`` 45 / 36
+(0.98x torch's float32 causal, 1.05x not causal); cuDNN 645 / 545.
 
 Each kernel's ``prepare(problem, config)`` compiles its variant (NVRTC, cached), packs the
 ``AttnParams`` block once and returns ``launch(q, k, v, mask=None)``; a call allocates the output
