@@ -176,6 +176,30 @@ def test_linear_bias_through_beta():
     clean(check_kernel(registry().kernels["numpy.linear.numba"], CPU, cases=LINEAR))
 
 
+#: few rows, large weights (ResNet-50's fc): ``(w @ x.T).T``, split over numba's threads where the
+#: output features divide by 8, 4 or 2 (1001 does not: one thread), the ReLU fused, gelu after
+SKINNY = cases(
+    "linear",
+    _ln((4, 2048), 1000),
+    _ln((1, 2048), 1000, "relu", views=("slice", "T")),
+    _ln((3, 1, 2050), 1001, "gelu"),
+    Case(((5, 1030), (1026, 1030)), {"activation": "relu"}, "float32", ()),
+    Case(((4, 1030), (1000, 1030), (1000,)), {"activation": None}, "float16", ()),
+)
+
+
+@pytest.mark.parametrize("name", ["numpy.linear.numba", "numpy.linear.blas"])
+def test_linear_few_rows_large_weights(name):
+    from opruntime_numpy import linear
+
+    fc = OPS["linear"].problem_for(CPU, [(4, 2048), (1000, 2048), (1000,)], "float32")
+    assert linear.is_skinny(fc) and linear._split_groups(fc) == 8
+    clean(check_kernel(registry().kernels[name], CPU, cases=SKINNY))
+    assert "chosen: numpy.linear.numba" in str(opr.explain(
+        "linear", np.zeros((4, 2048), np.float32), np.zeros((1000, 2048), np.float32), np.zeros(1000, np.float32),
+        device="cpu"))
+
+
 def test_attention_cost_prefers_flash_from_medium_sizes():
     """The cost model ranks flash above the NumPy kernel on the suite's and the GPT-2 block's shapes."""
     from opruntime.kernels import Problem  # noqa: F401  (the explain text is the check)
