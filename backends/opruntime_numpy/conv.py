@@ -381,9 +381,10 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
 
 
 #: Column-block budgets (bytes) of ``numpy.conv2d.numba_im2col`` the tuner tries; the heuristic
-#: takes the first (2 MB measured best on ResNet-50's 3x3 layers, 512 KB as good on the stem)
+#: takes the first (2 MB measured best on ResNet-50's 3x3 layers, 512 KB as good on the stem);
+#: ``images``: blocks of that many whole images instead (small maps, :func:`._nb_conv.images_gemm`)
 NUMBA_IM2COL_CONFIGS = ({"cols_bytes": 2 << 20}, {"cols_bytes": 512 << 10}, {"cols_bytes": 1 << 20},
-                        {"cols_bytes": 4 << 20})
+                        {"cols_bytes": 4 << 20}, {"images": 2})
 
 
 
@@ -469,9 +470,12 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
     g = problem.attrs["groups"]
     n, _, ho, wo = problem.out_shape
     dt = compute_dtype(problem.dtype)
-    phased = (sh, sw) != (1, 1)
+    images = (config or {}).get("images")
+    phased = (sh, sw) != (1, 1) and not images
     taps_gemm = kh * kw > 1 and cg >= TAPS_GEMM_CHANNELS and o * cg * kh * kw * itemsize(problem.dtype) <= TAPS_GEMM_BYTES
-    if phased:
+    if images:
+        block, tasks = images, g * -(-n // images)
+    elif phased:
         wq, block, tasks = _phase_plan(problem, config)
         # one loop per path, each compiled on its own first use
         phase_loop = "phase_1x1" if kh * kw == 1 else "phase_taps" if taps_gemm else "phase_gemm"
@@ -496,8 +500,8 @@ def prepare_numba_im2col(problem: Problem, config: Any) -> Any:
                     run_tasks(nb, nb.par_phase, getattr(nb, phase_loop), (x, w2.reshape(-1), wt.reshape(-1), b, out, kh,
                               kw, sh, sw, dh, dw, pt, pl, wq, block, g, fused), tasks, pieces)
                 else:
-                    run_tasks(nb, nb.par_im2col, nb.im2col_gemm, (x, w2, b, out, sh, sw, dh, dw, pt, pl, kh, kw, g, block,
-                              fused), tasks, pieces)
+                    run_tasks(nb, nb.par_im2col, nb.images_gemm if images else nb.im2col_gemm, (x, w2, b, out, sh, sw,
+                              dh, dw, pt, pl, kh, kw, g, block, fused), tasks, pieces)
             _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
@@ -509,8 +513,26 @@ def numba_im2col_cost(problem: Problem, config: Any) -> float:
     output written once with its epilogue: measured 2.1 ms on the 7x7 stem (im2col 2.5-2.9),
     3.0 ms on a 64 -> 256 1x1 conv on 4 x 56 x 56 (pointwise 3.8), 2.4 ms on 1024 -> 256 on
     4 x 14 x 14 (pointwise 1.7), 6.0 ms on 512 channels 3x3 on 4 x 7 x 7 (im2col 9.5)."""
-    return _flops(problem) / BLOCK_GEMM_RATE + _cols_bytes(problem) / (PASS_BYTES / 2) \
+    base = _flops(problem) / BLOCK_GEMM_RATE + _cols_bytes(problem) / (PASS_BYTES / 2) \
         + _out_bytes(problem) / PASS_BYTES + 2e-5
+    images = (config or {}).get("images")
+    if not images:
+        return base
+    # blocks of whole images (:func:`._nb_conv.images_gemm`): the GEMM on images * Ho * Wo columns
+    # where the others give it at most one image's, at BLAS's rate on N columns ~ (N / 196) ** 0.25
+    # (one thread, 512 x 4608 weights: 125 GFLOP/s on 49, 174 on 196), the output copied once
+    # more, and threads idle where there are fewer tasks than threads. Inside ResNet-50 at batch 4
+    # (two images a block): 512 channels 3x3 on 7 x 7 5.3-5.6 -> 4.6-4.8 ms, stride 2 from 14 x 14
+    # 5.5 -> 5.1; on 14 x 14 outputs (196 columns an image) it lost (4.5 -> 5.3 ms alone), and on
+    # 1x1 convs, where the GEMM is as slow on either side (2048 -> 512 on 7 x 7: 2.2 ms, numba_gemm
+    # 2.1, reading the input in place): no gain counted for them
+    n, _, ho, wo = problem.out_shape
+    gemm = _flops(problem) / BLOCK_GEMM_RATE
+    per_image = min(1.0, ho * wo / 196.0) ** 0.25 if math.prod(problem.shapes[1][2:]) > 1 else 1.0
+    per_block = min(1.0, min(images, n) * ho * wo / 196.0) ** 0.25
+    tasks = problem.attrs["groups"] * -(-n // images)
+    idle = gemm * (max(1.0, jit.threads() / max(1, tasks)) - 1.0)
+    return base - gemm * (1.0 - per_image / per_block) + _out_bytes(problem) / PASS_BYTES + idle
 
 
 #: Cache budgets (bytes) of one task's working set in ``numpy.conv2d.numba_gemm`` (its input

@@ -55,6 +55,26 @@ IM2COL = [
 ]
 
 
+#: numba_im2col's blocks of whole images (config ``images``, :func:`._nb_conv.images_gemm`): a short
+#: last block (odd batch), groups, dilation, strides, strided operands, a 1x1, one image
+IMAGES = [
+    _cv((3, 16, 7, 7), (24, 16, 3, 3), padding=1, activation="relu"),
+    _cv((5, 12, 9, 8), (8, 6, 3, 3), stride=(2, 1), padding=(2, 1), dilation=(1, 2), groups=2, activation="gelu"),
+    _cv((3, 8, 10, 9), (6, 8, 3, 3), stride=2, padding=1, dtype="float64", views=("slice", "T")),
+    _cv((3, 10, 5, 6), (7, 10, 1, 1), bias=False),
+    _cv((1, 4, 1, 1), (3, 4, 3, 3), padding=1),
+]
+
+
+@pytest.mark.parametrize("case", IMAGES, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
+@pytest.mark.parametrize("images", [2, 3])
+def test_numba_im2col_blocks_of_images(case, images):
+    import dataclasses
+
+    k = registry().kernels["numpy.conv2d.numba_im2col"]
+    clean(check_kernel(dataclasses.replace(k, configs=({"images": images},)), CPU, cases=[case]))
+
+
 @pytest.mark.parametrize("case", GEMM, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
 def test_numba_gemm_every_branch(case):
     clean(check_kernel(registry().kernels["numpy.conv2d.numba_gemm"], CPU, cases=[case]))
@@ -107,7 +127,9 @@ RESNET = [
     ((4, 2048, 7, 7), (512, 2048, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 512, 7, 7), (2048, 512, 1, 1), 1, 0, "numpy.conv2d.numba_batch"),
     ((4, 1024, 14, 14), (2048, 1024, 1, 1), 2, 0, "numpy.conv2d.numba_batch"),
-    ((4, 512, 7, 7), (512, 512, 3, 3), 1, 1, "numpy.conv2d.numba_im2col"),
+    ((4, 512, 7, 7), (512, 512, 3, 3), 1, 1, "numpy.conv2d.numba_im2col[images=2]"),
+    ((4, 512, 14, 14), (512, 512, 3, 3), 2, 1, "numpy.conv2d.numba_im2col[images=2]"),
+    ((4, 256, 28, 28), (256, 256, 3, 3), 2, 1, "numpy.conv2d.numba_im2col[cols_bytes=2097152]"),
     ((4, 128, 56, 56), (128, 128, 3, 3), 2, 1, "numpy.conv2d.numba_im2col"),
     ((4, 256, 56, 56), (512, 256, 1, 1), 2, 0, "numpy.conv2d.numba_im2col"),
     ((4, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_im2col"),
