@@ -105,6 +105,27 @@ def act_row(y, b, code):
             y[j] = y[j] + b
 
 
+@njit(inline="always", **OPTIONS)
+def _task(t, groups, nblk, size, length):
+    """Task ``t`` of the (image, group, block) tasks the GEMM loops share, blocks of ``size`` out of
+    ``length`` (``nblk`` of them): (image, group, the block's first index, its length)."""
+    n = t // (groups * nblk)
+    r = t - n * groups * nblk
+    g = r // nblk
+    first = (r - g * nblk) * size
+    return n, g, first, min(size, length - first)
+
+
+@njit(inline="always", **OPTIONS)
+def _unit_alpha(dt, beta):
+    """The [alpha, beta] of the GEMM calls, alpha 1 (np.empty, not np.zeros: one allocation's code
+    fewer to compile)."""
+    ab = np.empty(2, dt)
+    ab[0] = 1
+    ab[1] = beta
+    return ab
+
+
 @njit(**OPTIONS)
 def _tap_row(acc, row, wv, start, sw, wo):
     """``acc[ox] += wv * row[start + ox * sw]`` for ``ox < wo``."""
@@ -338,15 +359,9 @@ def im2col_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, co
     cf = cols.reshape(-1)
     wf = w2.reshape(-1)
     of = out.reshape(-1)
-    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
-    ab[0] = 1
-    ab[1] = 0
+    ab = _unit_alpha(dt, 0)
     for t in range(first, last):
-        n = t // (groups * nblk)
-        r = t - n * groups * nblk
-        g = r // nblk
-        b0 = (r - g * nblk) * nb
-        cnt = min(nb, hw - b0)
+        n, g, b0, cnt = _task(t, groups, nblk, nb, hw)
         for c in range(cg):
             xc = x[n, g * cg + c]
             for i in range(kh):
@@ -376,15 +391,9 @@ def pointwise_gemm(x, w, bias, out, groups, nb, code, first, last):
     dt = out.dtype
     xf = x.reshape(-1)
     of = out.reshape(-1)
-    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
-    ab[0] = 1
-    ab[1] = 0
+    ab = _unit_alpha(dt, 0)
     for t in range(first, last):
-        n = t // (groups * nblk)
-        r = t - n * groups * nblk
-        g = r // nblk
-        b0 = (r - g * nblk) * nb
-        cnt = min(nb, hw - b0)
+        n, g, b0, cnt = _task(t, groups, nblk, nb, hw)
         _gemm(w, g * og * cg, cg, xf, (n * c_in + g * cg) * hw + b0, hw,
               of, (n * o_out + g * og) * hw + b0, hw, og, cnt, cg, ab)
         for oo in range(og):
@@ -415,9 +424,7 @@ def images_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, co
     cf = cols.reshape(-1)
     wf = w2.reshape(-1)
     of = out.reshape(-1)
-    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
-    ab[0] = 1
-    ab[1] = 0
+    ab = _unit_alpha(dt, 0)
     for t in range(first, last):
         blk = t // groups
         g = t - blk * groups
@@ -467,13 +474,9 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
     dt = out.dtype
     buf = np.empty(cg * plane, dt)  # every row read for a kept output is written whole below
     acc = np.empty(og * rows * wp, dt)
-    ab = np.empty(2, dt)  # set per tap
+    ab = _unit_alpha(dt, 0)  # beta set per tap
     for t in range(first, last):
-        n = t // (groups * nblk)
-        r = t - n * groups * nblk
-        g = r // nblk
-        y0 = (r - g * nblk) * rows
-        cnt = min(rows, ho - y0)
+        n, g, y0, cnt = _task(t, groups, nblk, rows, ho)
         span = cnt * wp
         for c in range(cg):
             xc = x[n, g * cg + c]
@@ -494,7 +497,6 @@ def shift_gemm(x, wt, bias, out, kh, kw, dh, dw, pt, pl, wp, rows, groups, code,
         for i in range(kh):
             for j in range(kw):
                 tap = i * kw + j
-                ab[0] = 1
                 ab[1] = 0 if tap == 0 else 1
                 _gemm(wt, (tap * o_out + g * og) * cg, cg, buf, i * dh * wp + j * dw, plane,
                       acc, 0, span, og, span, cg, ab)
@@ -609,15 +611,9 @@ def phase_gemm(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, g
     buf = np.empty(cg * nph * plane, dt)  # rows written whole; the slack reaches dropped columns only
     cols = np.empty(kk * rows * wq, dt)
     acc = np.empty(og * rows * wq, dt)
-    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
-    ab[0] = 1
-    ab[1] = 0
+    ab = _unit_alpha(dt, 0)
     for t in range(first, last):
-        n = t // (groups * nblk)
-        r = t - n * groups * nblk
-        g = r // nblk
-        y0 = (r - g * nblk) * rows
-        cnt = min(rows, ho - y0)
+        n, g, y0, cnt = _task(t, groups, nblk, rows, ho)
         span = cnt * wq
         _phase_fill(x, buf, n, g * cg, cg, y0, cnt, halo, kh, kw, sh, sw, dh, dw, pt, pl, wq, plane)
         _phase_columns(buf, cols, cg, kh, kw, sh, sw, dh, dw, nph, plane, wq, span)
@@ -640,15 +636,9 @@ def phase_1x1(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, gr
     dt = out.dtype
     buf = np.empty(cg * nph * plane, dt)  # rows written whole; the other phases are never read
     acc = np.empty(og * rows * wq, dt)
-    ab = np.empty(2, dt)  # [1, beta]
-    ab[0] = 1
-    ab[1] = 0
+    ab = _unit_alpha(dt, 0)
     for t in range(first, last):
-        n = t // (groups * nblk)
-        r = t - n * groups * nblk
-        g = r // nblk
-        y0 = (r - g * nblk) * rows
-        cnt = min(rows, ho - y0)
+        n, g, y0, cnt = _task(t, groups, nblk, rows, ho)
         span = cnt * wq
         _phase_fill(x, buf, n, g * cg, cg, y0, cnt, 0, 1, 1, sh, sw, dh, dw, pt, pl, wq, plane)
         _gemm(w2, g * og * cg, cg, buf, 0, nph * plane, acc, 0, span, og, span, cg, ab)
@@ -672,14 +662,9 @@ def phase_taps(x, w2, wt, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, wq, rows, g
     dt = out.dtype
     buf = np.empty(cg * nph * plane, dt)  # rows written whole; the slack reaches dropped columns only
     acc = np.empty(og * rows * wq, dt)
-    ab = np.empty(2, dt)  # [1, beta], beta set per tap
-    ab[0] = 1
+    ab = _unit_alpha(dt, 0)  # beta set per tap
     for t in range(first, last):
-        n = t // (groups * nblk)
-        r = t - n * groups * nblk
-        g = r // nblk
-        y0 = (r - g * nblk) * rows
-        cnt = min(rows, ho - y0)
+        n, g, y0, cnt = _task(t, groups, nblk, rows, ho)
         span = cnt * wq
         _phase_fill(x, buf, n, g * cg, cg, y0, cnt, halo, kh, kw, sh, sw, dh, dw, pt, pl, wq, plane)
         for i in range(kh):
@@ -724,9 +709,7 @@ def batch_gemm(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, m
     has_bias = bias.shape[0] > 0
     dt = out.dtype
     acc = np.empty(mb * npos, dt)
-    ab = np.empty(2, dt)  # [1, beta]; np.empty, not np.zeros: one allocation's code fewer to compile
-    ab[0] = 1
-    ab[1] = 0
+    ab = _unit_alpha(dt, 0)
     wf = w2.reshape(-1)
     cf = cols.reshape(-1)
     for t in range(first, last):

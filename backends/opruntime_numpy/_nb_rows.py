@@ -171,6 +171,14 @@ def softmax_split(x, out, log, parts, block):
                 yr[j] = fexp(xr[j] - m) * c
 
 
+@njit(inline="always", **OPTIONS)
+def _col_task(t, blocks, parts, width, inner):
+    """Task ``t`` of :func:`cols_stats` / :func:`cols_out`: (outer index, run of rows, the column
+    block's first and past-the-end columns)."""
+    c0 = ((t // parts) % blocks) * width
+    return t // (blocks * parts), t % parts, c0, min(inner, c0 + width)
+
+
 @njit(**OPTIONS)
 def cols_stats(x, out, ms, ss, log, width, parts, first, last):
     """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``, first half: the
@@ -192,10 +200,7 @@ def cols_stats(x, out, ms, ss, log, width, parts, first, last):
     zero = x.dtype.type(0.0)
     one = x.dtype.type(1.0)
     for t in range(first, last):
-        o = t // (blocks * parts)
-        c0 = ((t // parts) % blocks) * width
-        k = t % parts
-        c1 = min(inner, c0 + width)
+        o, k, c0, c1 = _col_task(t, blocks, parts, width, inner)
         w = c1 - c0
         m = ms[o, k, c0:c1]
         s = ss[o, k, c0:c1]
@@ -229,10 +234,7 @@ def cols_out(x, out, ms, ss, log, width, parts, first, last):
     bm = np.empty(min(width, inner), x.dtype)
     sc = np.empty(min(width, inner), x.dtype)
     for t in range(first, last):
-        o = t // (blocks * parts)
-        c0 = ((t // parts) % blocks) * width
-        k = t % parts
-        c1 = min(inner, c0 + width)
+        o, k, c0, c1 = _col_task(t, blocks, parts, width, inner)
         w = c1 - c0
         m0 = ms[o, 0, c0:c1]
         for c in range(w):
