@@ -24,7 +24,8 @@ for a core), each task's BLAS call in its own thread (scipy's OpenBLAS held to o
   (stride 1, small maps), then one GEMM;
 * ``numpy.conv2d.numba_batch``: the whole batch's columns, then one GEMM per block of output
   channels over every position (the weights packed once: 1x1 convs with large weights on 7 x 7);
-* ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3), 16 GEMMs on transformed tiles.
+* ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3) or F(4x4, 3x3) (config ``tile``), 16 or 36
+  GEMMs on transformed tiles.
 
 The cost models (fitted on ResNet-50's layers at batch 4, inside the model) choose per shape; the
 NumPy BLAS paths are charged :data:`BLAS_THREADS_PENALTY` for the spinning threads they leave.
@@ -738,33 +739,45 @@ def is_winograd(problem: Problem) -> bool | Refusal:
     return True
 
 
-#: output channels per GEMM block of ``numpy.conv2d.numba_winograd`` the tuner tries
-NUMBA_WINOGRAD_CONFIGS = ({"channels": 128}, {"channels": 64}, {"channels": 256})
+#: output channels per GEMM block of ``numpy.conv2d.numba_winograd`` and its tile (``tile``: 2 for
+#: F(2x2, 3x3), 4 for F(4x4, 3x3)) the tuner tries; the cost model picks among them
+NUMBA_WINOGRAD_CONFIGS = ({"channels": 128, "tile": 2}, {"channels": 64, "tile": 2}, {"channels": 256, "tile": 2},
+                          {"channels": 128, "tile": 4}, {"channels": 64, "tile": 4}, {"channels": 256, "tile": 4})
 
 
-def _tiles(problem: Problem) -> tuple[int, int]:
+def _wino_config(config: Any) -> tuple[int, int]:
+    """(channels per GEMM block, tile) of a ``numba_winograd`` config (tile 2 where it names none)."""
+    cfg = config or NUMBA_WINOGRAD_CONFIGS[0]
+    return cfg["channels"], cfg.get("tile", 2)
+
+
+def _tiles(problem: Problem, tile: int = 2) -> tuple[int, int]:
     _, _, ho, wo = problem.out_shape
-    return -(-ho // 2), -(-wo // 2)
+    return -(-ho // tile), -(-wo // tile)
 
 
 def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
-    """The launcher of ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3) (:mod:`._nb_conv`):
-    the input tiles and the filters transformed in parallel, 16 GEMMs (per tile position, per
-    block of output channels) spread over numba's threads with BLAS in each, then the output
-    tiles with the bias and activation."""
+    """The launcher of ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3) or, with config
+    ``tile=4``, F(4x4, 3x3) (:mod:`._nb_conv`): the input tiles and the filters transformed in
+    parallel, P GEMMs (16 or 36: per tile position, per block of output channels) spread over
+    numba's threads with BLAS in each, then the output tiles with the bias and activation. The
+    two tile sizes share the GEMM loop and the parallel wrapper; each has its own transforms
+    (compiled on its first use only)."""
     from . import _blas
 
     nb, code, fused = _loops(problem)
     pt, _, pl, _ = problem.attrs["padding"]
     n, c, _, _ = problem.shapes[0]
     o = problem.shapes[1][0]
-    _, _, ho, wo = problem.out_shape
-    th, tw = _tiles(problem)
+    mb, tile = _wino_config(config)
+    th, tw = _tiles(problem, tile)
     tiles = n * th * tw
+    npos = (tile + 2) ** 2
     dt = compute_dtype(problem.dtype)
-    mb = (config or NUMBA_WINOGRAD_CONFIGS[0])["channels"]
-    blocks = 16 * -(-o // mb)
+    blocks = npos * -(-o // mb)
     p_in, p_w, p_g, p_out = (_pieces(t, problem) for t in (n * c, o, blocks, n * o))
+    stages = (nb.wino_input, nb.wino_weights, nb.wino_output) if tile == 2 else \
+        (nb.wino4_input, nb.wino4_weights, nb.wino4_output)
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -773,16 +786,16 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
         out = buffers.empty(problem.out_shape, dt)
         if out.size:
             # scratch from the pool too: fresh mappings of tens of MB fault in page by page
-            # v (16, C, T), u (O, 16, C), m (16, O, T) and the GEMMs' [1, 0] in one flat scratch
+            # v (P, C, T), u (O, P, C), m (P, O, T) and the GEMMs' [1, 0] in one flat scratch
             # (_nb_conv.WINO_LAYOUT): the stages' parallel wrapper takes few arguments
-            s = buffers.empty((16 * (c * tiles + o * c + o * tiles) + 2,), dt)
+            s = buffers.empty((npos * (c * tiles + o * c + o * tiles) + 2,), dt)
             s[-2:] = (1, 0)
-            args = (x, np.ascontiguousarray(w, dt).reshape(-1), b, out, s, pt, pl, mb, fused)
-            run_tasks(nb, nb.par_wino, nb.wino_input, args, n * c, p_in)
-            run_tasks(nb, nb.par_wino, nb.wino_weights, args, o, p_w)
+            args = (x, np.ascontiguousarray(w, dt).reshape(-1), b, out, s, pt, pl, mb, tile, fused)
+            run_tasks(nb, nb.par_wino, stages[0], args, n * c, p_in)
+            run_tasks(nb, nb.par_wino, stages[1], args, o, p_w)
             with _blas.one_thread():
                 run_tasks(nb, nb.par_wino, nb.wino_gemm, args, blocks, p_g)
-            run_tasks(nb, nb.par_wino, nb.wino_output, args, n * o, p_out)
+            run_tasks(nb, nb.par_wino, stages[2], args, n * o, p_out)
             _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
@@ -790,22 +803,33 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
 
 
 def numba_winograd_cost(problem: Problem, config: Any) -> float:
-    """The 16 GEMMs (2.25x fewer multiply-adds than direct on whole tiles; slower on few channels:
-    the GEMMs' K is C, their M a block of output channels), the transforms' passes (the input
-    read and its 16 tile planes, 4x the input, written and read; the same for the output's) and
-    the filters' transform at a third of the copy rate (16 values per filter, every call).
-    Inside ResNet-50 at batch 4: 3.2 ms on 256 channels at 14 x 14 (numba_gemm 4.2), 3.3 on 128 at
-    28 x 28 (3.6), but 6.7 on 512 at 7 x 7 (numba_im2col 5.4: the filters' 16 MB) and, in
-    isolation, 7.7 on 64 at 8 x 56 x 56 (numba_gemm 7.7)."""
+    """The P GEMMs (P = 16 for F(2x2, 3x3), 36 for F(4x4, 3x3), on the tiles that cover the
+    output: 2.25x or 4x fewer multiply-adds than direct where the map is a multiple of the tile;
+    slower on few channels: the GEMMs' K is C, their M a block of output channels; and on few
+    tiles, their N), the transforms' passes (the input read and its P tile planes written and
+    read: 4x the input for F(2x2), 2.25x for F(4x4); the same for the output's) and the filters'
+    transform at a third of the copy rate (P values per filter, every call).
+
+    F(2x2) inside ResNet-50 at batch 4: 3.2 ms on 256 channels at 14 x 14 (numba_gemm 4.2), 3.3
+    on 128 at 28 x 28 (3.6), but 6.7 on 512 at 7 x 7 (numba_im2col 5.4: the filters' 16 MB) and,
+    in isolation, 7.7 on 64 at 8 x 56 x 56 (numba_gemm 7.7). F(4x4) in isolation against F(2x2)
+    (and numba_gemm), alternating call by call: 5.7 ms against 8.9 (8.7) at 8 x 64 x 56 x 56, 3.0
+    against 4.3 (4.2) at 4 x 64 x 56 x 56, 2.8 against 3.4 (3.5) for 128 channels at 28 x 28; it
+    loses on small maps, where the tiles overhang the map (14 -> 16) and the filters' transform,
+    36 values a filter, outweighs the GEMMs: 3.8 against 3.2 for 256 channels at 14 x 14, 9 against
+    6.2 for 512 at 7 x 7. The model ranks the five the same way (estimates 6.8 / 3.5 / 2.7 / 4.7
+    / 13.5 ms for F(4x4), 11.2 / 5.7 / 3.6 / 3.4 / 7.8 for F(2x2))."""
     o, c = problem.shapes[1][:2]
-    th, tw = _tiles(problem)
+    mb, tile = _wino_config(config)
+    th, tw = _tiles(problem, tile)
     tiles = problem.out_shape[0] * th * tw
-    mb = min(o, (config or NUMBA_WINOGRAD_CONFIGS[0])["channels"])
+    npos = (tile + 2) ** 2
+    mb = min(o, mb)
     rate = BLOCK_GEMM_PEAK * min(1.0, mb / 256.0) ** 0.25 * min(1.0, c / 256.0) ** 0.3 * min(1.0, tiles / 256.0) ** 0.25
     size = itemsize(problem.dtype)
-    moved = (math.prod(problem.shapes[0]) + 2 * 16 * c * tiles + 2 * 16 * o * tiles) * size
-    filters = 2 * 16 * o * c * size / (PASS_BYTES / 3)
-    return 2.0 * 16 * o * c * tiles / rate + moved / PASS_BYTES + filters + _out_bytes(problem) / PASS_BYTES + 4e-5
+    moved = (math.prod(problem.shapes[0]) + 2 * npos * c * tiles + 2 * npos * o * tiles) * size
+    filters = 2 * npos * o * c * size / (PASS_BYTES / 3)
+    return 2.0 * npos * o * c * tiles / rate + moved / PASS_BYTES + filters + _out_bytes(problem) / PASS_BYTES + 4e-5
 
 
 def numba_depthwise_cost(problem: Problem, config: Any) -> float:

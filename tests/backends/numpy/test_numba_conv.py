@@ -1,4 +1,5 @@
-"""The cpu backend's GEMM convolutions (``numpy.conv2d.numba_gemm``, ``numba_im2col``, ``numba_batch``)
+"""The cpu backend's GEMM convolutions (``numpy.conv2d.numba_gemm``, ``numba_im2col``, ``numba_batch``,
+``numba_winograd`` in both tile sizes)
 on problems that reach every branch of their task loops: several blocks of rows or positions with
 a short last one (the cache budgets of every config), groups, padding wider than the kernel,
 dilation, a 1x1 conv with padding (the shifted-taps path, not the pointwise one), float64, strided
@@ -95,6 +96,14 @@ WINOGRAD = [c for c in GEMM if c.shapes[1][2:] == (3, 3) and c.attrs.get("groups
     _cv((2, 16, 9, 8), (200, 16, 3, 3), padding=(1, 0), activation="relu"),  # odd maps: cut tiles
     _cv((1, 8, 3, 3), (4, 8, 3, 3)),  # one output position
     _cv((2, 8, 12, 10), (6, 8, 3, 3), padding=2, dtype="float64"),
+    # F(4x4) (the configs with tile=4; every config runs each case): maps of 4k + 1 .. 4k + 3 (the
+    # last row and column of tiles cut), no padding, a 1 x 1 map, the second-pass activations, no
+    # bias, strided operands, many input channels (the transforms' rounding on long sums)
+    _cv((2, 5, 13, 10), (7, 5, 3, 3), padding=1, activation="gelu"),
+    _cv((1, 6, 11, 15), (5, 6, 3, 3), activation="silu", bias=False),
+    _cv((3, 4, 1, 1), (3, 4, 3, 3), padding=1, activation="gelu_tanh"),
+    _cv((2, 9, 7, 10), (4, 9, 3, 3), padding=(0, 1), views=("T", "slice"), activation="relu"),
+    _cv((1, 512, 6, 9), (8, 512, 3, 3), padding=1),
 ]
 
 
@@ -119,9 +128,10 @@ def test_numba_gemm_refuses_strided_and_depthwise():
 #: ResNet-50's layers at batch 4 (224 x 224) and the kernel the cost models must give each: no
 #: NumPy BLAS inside the model (its threads' spinning slows the kernels after it)
 RESNET = [
-    ((4, 64, 56, 56), (64, 64, 3, 3), 1, 1, "numpy.conv2d.numba_gemm"),
-    ((4, 256, 14, 14), (256, 256, 3, 3), 1, 1, "numpy.conv2d.numba_winograd"),
-    ((4, 128, 28, 28), (128, 128, 3, 3), 1, 1, "numpy.conv2d.numba_winograd"),
+    ((4, 64, 56, 56), (64, 64, 3, 3), 1, 1, "numpy.conv2d.numba_winograd[channels=128,tile=4]"),
+    ((8, 64, 56, 56), (64, 64, 3, 3), 1, 1, "numpy.conv2d.numba_winograd[channels=128,tile=4]"),  # the cpu suite's
+    ((4, 256, 14, 14), (256, 256, 3, 3), 1, 1, "numpy.conv2d.numba_winograd[channels=256,tile=2]"),
+    ((4, 128, 28, 28), (128, 128, 3, 3), 1, 1, "numpy.conv2d.numba_winograd[channels=128,tile=4]"),
     ((4, 64, 56, 56), (256, 64, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 1024, 14, 14), (256, 1024, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
     ((4, 2048, 7, 7), (512, 2048, 1, 1), 1, 0, "numpy.conv2d.numba_gemm"),
