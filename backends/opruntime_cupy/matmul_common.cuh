@@ -48,14 +48,18 @@ struct GemmParams {
 };
 
 // The C tile of this block in grouped order: GROUP_M tile rows are walked together, so the B
-// tiles they share are still in L2 when the next row needs them.
-__device__ __forceinline__ void grouped_tile(int M, int N, int bm, int bn, int& m0, int& n0) {
+// tiles they share are still in L2 when the next row needs them: tile number pid (a persistent
+// kernel walks several per block), or the block's own.
+__device__ __forceinline__ void grouped_tile_at(int pid, int M, int N, int bm, int bn, int& m0, int& n0) {
     const int tiles_m = (M + bm - 1) / bm, tiles_n = (N + bn - 1) / bn;
-    const int pid = blockIdx.x, per_group = GROUP_M * tiles_n;
+    const int per_group = GROUP_M * tiles_n;
     const int first_m = (pid / per_group) * GROUP_M;
     const int gsize = min(tiles_m - first_m, GROUP_M);
     m0 = (first_m + (pid % per_group) % gsize) * bm;
     n0 = ((pid % per_group) / gsize) * bn;
+}
+__device__ __forceinline__ void grouped_tile(int M, int N, int bm, int bn, int& m0, int& n0) {
+    grouped_tile_at(blockIdx.x, M, N, bm, bn, m0, n0);
 }
 
 // Store 8 16-bit values (one uint4) at C[.., n..n+7] of a row of N: one 16-byte store when rows

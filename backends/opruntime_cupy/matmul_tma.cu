@@ -1,0 +1,174 @@
+// fp16 / bf16 GEMM on Hopper, warp-specialised and persistent: C = A @ B (+ bias, activation),
+// A (M x K) k-contiguous, B (K x N) n-contiguous (B_NCONTIG 1) or k-contiguous (0), C (M x N)
+// contiguous; fp32 accumulation in registers.
+//
+// One block per SM walks the C tiles (BM x BN, grouped for L2 reuse). Warpgroup 0 is the
+// producer: one thread loads each stage's A and B tiles with the tensor memory accelerator (TMA,
+// `cp.async.bulk.tensor` through the host-encoded tensor maps `ta` and `tb`, 128-byte swizzle,
+// edges zero-filled by the hardware) into STAGES stages guarded by mbarriers: "full" completes
+// when a stage's bytes have landed, "empty" when every consumer warp has finished reading it.
+// The producer gives most of its registers back (setmaxnreg). Warpgroups 1..BM/64 are the
+// consumers: each multiplies 64 rows x BN with one m64nBNk16 wgmma per k16 step from shared
+// memory, releases a stage as soon as the group that read it completes, and writes its
+// accumulators (bias and activation applied in fp32 first) straight from registers while the
+// producer is already filling the stages for the next tile.
+//
+// Shared memory layout (128-byte swizzle, as the descriptors name it; 1024-byte aligned stages):
+// A as BM rows of 64 k (128 B), chunk c of row r at c ^ (r % 8); a k-contiguous B the same with
+// BN rows; an n-contiguous B as BN/64 atoms of 64 n x 64 k rows, chunk c of row k at c ^ (k % 8).
+// The barriers follow the stages.
+//
+// Needs -arch=sm_90a; for other targets the kernel compiles to a trap (CI builds it).
+// opruntime-arch: sm_90a
+#include "matmul_common.cuh"
+#include "wgmma.cuh"
+
+#ifndef BM
+#define BM 128
+#define BN 256
+#define STAGES 4
+#endif
+#define BK 64
+#define NCWG (BM / 64)            // consumer warpgroups
+#define NT ((NCWG + 1) * 128)     // + the producer warpgroup
+#define A_BYTES (BM * BK * 2)
+#define B_BYTES (BK * BN * 2)
+#define STAGE_BYTES (A_BYTES + B_BYTES)
+// registers per thread after the hand-over: the producer keeps few, the consumers take the rest
+#define PRODUCER_REGS 40
+#define CONSUMER_REGS (NCWG == 1 ? 240 : 232)
+static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
+static_assert(BN == 128 || BN == 256, "one m64nBNk16 instruction per k16 step");
+static_assert(STAGES >= 2, "double buffering at least");
+static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+
+// A CUtensorMap: 128 opaque bytes, encoded on the host (tma.py)
+struct __align__(64) TensorMap {
+    unsigned long long w[16];
+};
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+hgemm_tma(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb, bits16* __restrict__ C,
+          const GemmParams p
+#if BIAS
+          , const bits16* __restrict__ bias
+#endif
+          ) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms: 1024-byte aligned stages
+    const int M = (int)p.M, N = (int)p.N, K = (int)p.K;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    const int ktiles = (K + BK - 1) / BK;  // >= 1: matmul.py sends K = 0 elsewhere
+    auto stage_a = [&](int s) { return base + s * STAGE_BYTES; };
+    auto stage_b = [&](int s) { return base + s * STAGE_BYTES + A_BYTES; };
+    auto full = [&](int s) { return base + STAGES * STAGE_BYTES + s * 8; };
+    auto empty = [&](int s) { return base + STAGES * STAGE_BYTES + (STAGES + s) * 8; };
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 1);           // the producer's expect_tx arrival (+ the bytes)
+            mbar_init(empty(s), NCWG * 4);   // one arrival per consumer warp
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ---- producer ----
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (tid == 0) {
+            prefetch_tensormap(&ta);
+            prefetch_tensormap(&tb);
+            int s = 0, phase = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                int m0, n0;
+                grouped_tile_at(tile, M, N, BM, BN, m0, n0);
+                for (int kt = 0; kt < ktiles; ++kt) {
+                    mbar_wait(empty(s), phase ^ 1);  // the consumers are done with this stage
+                    mbar_expect_tx(full(s), STAGE_BYTES);
+                    tma_load_2d(stage_a(s), &ta, kt * BK, m0, full(s));
+#if B_NCONTIG
+#pragma unroll
+                    for (int a = 0; a < BN / 64; ++a)
+                        tma_load_2d(stage_b(s) + a * (BK * 128), &tb, n0 + a * 64, kt * BK, full(s));
+#else
+                    tma_load_2d(stage_b(s), &tb, kt * BK, n0, full(s));
+#endif
+                    if (++s == STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+        }
+    } else {  // ---- consumers ----
+        setmaxnreg_inc<CONSUMER_REGS>();
+        const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31;
+        int s = 0, phase = 0;
+        float acc[BN / 2];
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int m0, n0;
+            grouped_tile_at(tile, M, N, BM, BN, m0, n0);
+            int prev = 0;
+            for (int kt = 0; kt < ktiles; ++kt) {
+                mbar_wait(full(s), phase);
+                const unsigned a0 = stage_a(s) + cw * 64 * 128, b0 = stage_b(s);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; ++kk) {
+                    const unsigned long long da = desc(a0 + kk * 32, 16, 1024);
+#if B_NCONTIG
+                    const unsigned long long db = desc(b0 + kk * 16 * 128, BK * 128, 1024);
+                    constexpr int TB = 1;
+#else
+                    const unsigned long long db = desc(b0 + kk * 32, 16, 1024);
+                    constexpr int TB = 0;
+#endif
+                    wgmma_ss<BN, TB>(acc, da, db, kt | kk);  // the tile's first step overwrites
+                }
+                wg_commit();
+                wg_wait<1>();  // the group before this one has read its stage: hand it back
+                if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
+                prev = s;
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+            }
+            wg_wait<0>();
+            fence_regs<BN / 2>(acc);
+            if (lane == 0) mbar_arrive(empty(prev));
+
+            // Epilogue from registers: accumulator i of a thread is row 16 * warp + lane / 4
+            // (+8 for i % 4 >= 2) of its warpgroup's 64, column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
+            const int r = m0 + cw * 64 + warp * 16 + (lane >> 2), c = n0 + (lane & 3) * 2;
+            const bool pair = (N & 1) == 0;  // 4-byte aligned pairs
+            bits16* c0 = C + (i64)r * N;
+            bits16* c8 = c0 + (i64)8 * N;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int n = c + j * 8;
+                float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+#if BIAS
+                const float b0v = bias16(bias, n, N), b1v = bias16(bias, n + 1, N);
+                v[0] += b0v; v[1] += b1v; v[2] += b0v; v[3] += b1v;
+#endif
+#pragma unroll
+                for (int q = 0; q < 4; ++q) v[q] = activate<ACT>(v[q]);
+#if BF16
+                const unsigned lo = pack_bf16x2(v[0], v[1]), hi = pack_bf16x2(v[2], v[3]);
+#else
+                const unsigned lo = pack_f16x2(v[0], v[1]), hi = pack_f16x2(v[2], v[3]);
+#endif
+                if (n >= N) continue;
+                if (pair) {  // n even and N even: n + 1 < N too
+                    if (r < M) *reinterpret_cast<unsigned*>(c0 + n) = lo;
+                    if (r + 8 < M) *reinterpret_cast<unsigned*>(c8 + n) = hi;
+                } else {
+                    if (r < M) { c0[n] = (bits16)lo; if (n + 1 < N) c0[n + 1] = (bits16)(lo >> 16); }
+                    if (r + 8 < M) { c8[n] = (bits16)hi; if (n + 1 < N) c8[n + 1] = (bits16)(hi >> 16); }
+                }
+            }
+        }
+    }
+#else
+    __trap();  // built for a target without wgmma / TMA: matmul.py never launches this
+#endif
+}
