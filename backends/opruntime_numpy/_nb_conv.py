@@ -727,343 +727,333 @@ def batch_gemm(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, m
                 act_row(dst, bv, code)
 
 
-# -- Winograd F(2x2, 3x3) ----------------------------------------------------------------------------
-# A 3x3 stride-1 convolution as 16 GEMMs of (O x C) @ (C x tiles), one per position of a 4 x 4 input
-# tile, where each tile gives 2 x 2 outputs: 2.25x fewer multiply-adds than direct, for three
-# cheap passes (input, weight and output transforms). V = B^T d B per input tile d, U = G g G^T per
-# filter g, Y = A^T (U . V) A per tile (Lavin and Gray, 2015), with
+# -- Winograd F(2x2, 3x3) and F(4x4, 3x3) ------------------------------------------------------------
+# A 3x3 stride-1 convolution as P GEMMs of (O x C) @ (C x tiles), one per position of an input tile:
+# F(2x2, 3x3) on 4 x 4 tiles that give 2 x 2 outputs each (P = 16: 2.25x fewer multiply-adds than
+# direct), F(4x4, 3x3) on 6 x 6 tiles that give 4 x 4 (P = 36: 4x fewer, and intermediates of 2.25x
+# the input or output where F(2x2)'s are 4x), for three cheap passes (input, weight and output
+# transforms). V = B^T d B per input tile d, U = G g G^T per filter g, Y = A^T (U . V) A per tile
+# (Lavin and Gray, 2015). F(2x2, 3x3):
 #   B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]
 #   G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]],  A^T = [[1, 1, 1, 0], [0, 1, -1, -1]].
-# F(2x2, 3x3)'s transforms only add and halve: its error is about the direct product's (a relative
-# 1e-7 in float32 against the float64 reference on ResNet's layers). Infinite inputs differ from
-# the direct sum (inf - inf in the transforms gives NaN), as any Winograd's, the CUDA backend's too.
-
-#: The stages' flat scratch ``s`` (T = N * th * tw tiles of 2 x 2 outputs, th = ceil(Ho / 2), tw =
-#: ceil(Wo / 2)): ``v`` (16, C, T) from 0, ``u`` (O, 16, C) from 16 C T, ``m`` (16, O, T) from
-#: 16 C T + 16 O C, then ``ab`` = [1, 0] (the GEMMs' scalars, set by the launcher). Each stage
-#: computes the offsets it needs in place (an inlined helper for them compiled slower).
-WINO_LAYOUT = ("v (16, C, T)", "u (O, 16, C)", "m (16, O, T)", "ab (2,)")
-
-
-@njit(**OPTIONS)
-def wino_input(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
-    """``v[k, c, tile] = (B^T d B)[k]`` for every 4 x 4 input tile ``d`` (zero-padded): ``x``
-    (N, C, H, W) any strides, ``v`` (16, C, N * th * tw) at the start of the flat scratch ``s``
-    (:data:`WINO_LAYOUT`). One task per (image, channel), tasks ``first:last``: per row of tiles
-    the four input rows are combined down the columns at once, then across each tile's four
-    columns. (The four stages take the same arguments, the three intermediates in one scratch
-    array: one signature and one parallel wrapper, of few arguments: each array argument cost the
-    wrapper's first use 0.02 s.)"""
-    n_img, c_in, h, wd = x.shape
-    th, tw = (out.shape[2] + 1) // 2, (out.shape[3] + 1) // 2
-    tiles = n_img * th * tw
-    width = 2 * tw + 2
-    step = c_in * tiles  # from one tile position's plane of v to the next
-    rows = np.empty((8, width), s.dtype)  # four input rows, then B^T d; written whole per row of tiles
-    for t in range(first, last):
-        n = t // c_in
-        c = t - n * c_in
-        xc = x[n, c]
-        for ty in range(th):
-            for r in range(4):
-                iy = 2 * ty + r - pt
-                row = rows[r]
-                if 0 <= iy < h:
-                    src = xc[iy]
-                    for q in range(width):
-                        ix = q - pl
-                        row[q] = src[ix] if 0 <= ix < wd else 0
-                else:
-                    for q in range(width):
-                        row[q] = 0
-            for q in range(width):  # B^T d: the rows
-                r0, r1, r2, r3 = rows[0, q], rows[1, q], rows[2, q], rows[3, q]
-                rows[4, q] = r0 - r2
-                rows[5, q] = r1 + r2
-                rows[6, q] = r2 - r1
-                rows[7, q] = r1 - r3
-            base = c * tiles + (n * th + ty) * tw
-            for i in range(4):  # (B^T d) B: the columns of each tile, into planes 4 i .. 4 i + 3 of v
-                ti = rows[4 + i]
-                dst = 4 * i * step + base
-                for tx in range(tw):
-                    a, b, cc, dd = ti[2 * tx], ti[2 * tx + 1], ti[2 * tx + 2], ti[2 * tx + 3]
-                    s[dst + tx] = a - cc
-                    s[dst + step + tx] = b + cc
-                    s[dst + 2 * step + tx] = cc - b
-                    s[dst + 3 * step + tx] = b - dd
-
-
-@njit(**OPTIONS)
-def wino_weights(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
-    """``u[o, k, c] = (G g G^T)[k]`` for each 3 x 3 filter ``g = w[o, c]`` (computed in float64),
-    ``w`` (O, C, 3, 3) C-contiguous and flat, ``u`` (O, 16, C) in the scratch ``s``; tasks are output channels
-    ``first:last``. (O, 16, C), not (16, O, C): an output channel's 16 rows are then neighbours,
-    where 16 rows O * C apart (256 KB on 256 channels) fall into the same cache sets: 3.1 ms
-    against 0.5 on 256 x 256 filters.)"""
-    n_img, c_in = x.shape[0], x.shape[1]
-    u0 = 16 * c_in * n_img * ((out.shape[2] + 1) // 2) * ((out.shape[3] + 1) // 2)  # the scratch's layout (WINO_LAYOUT)
-    t = np.empty(12, np.float64)  # G g (4 x 3), in float64 as the products after it
-    for o in range(first, last):
-        uo = u0 + o * 16 * c_in
-        for c in range(c_in):
-            f = (o * c_in + c) * 9  # the filter's 3 x 3 values in the flat w
-            for j in range(3):  # G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2
-                a, b, d = np.float64(w[f + j]), np.float64(w[f + 3 + j]), np.float64(w[f + 6 + j])
-                t[j] = a
-                t[3 + j] = 0.5 * (a + b + d)
-                t[6 + j] = 0.5 * (a - b + d)
-                t[9 + j] = d
-            for k in range(4):  # (G g) G^T, row by row: (a, b, d) -> (a, (a + b + d) / 2, (a - b + d) / 2, d)
-                a, b, d = t[3 * k], t[3 * k + 1], t[3 * k + 2]
-                r = uo + 4 * k * c_in + c
-                s[r] = a
-                s[r + c_in] = 0.5 * (a + b + d)
-                s[r + 2 * c_in] = 0.5 * (a - b + d)
-                s[r + 3 * c_in] = d
-
-
-@njit(**OPTIONS)
-def wino_gemm(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
-    """``m[k, block] = u[block, k] @ v[k]`` for tasks (tile position k, block of ``mb`` output
-    channels) ``first:last``: ``u`` (O, P, C), ``v`` (P, C, T), ``m`` (P, O, T), all in the
-    scratch ``s``, one BLAS call each (``u[block, k]`` read through its leading dimension P C);
-    P = (``tile`` + 2)^2 positions of an input tile: 16 for F(2x2, 3x3), 36 for F(4x4, 3x3)."""
-    c_in, o_out = x.shape[1], out.shape[1]
-    npos = (tile + 2) * (tile + 2)
-    tiles = x.shape[0] * ((out.shape[2] + tile - 1) // tile) * ((out.shape[3] + tile - 1) // tile)
-    u0 = npos * c_in * tiles  # the scratch's layout (WINO_LAYOUT)
-    m0 = u0 + npos * o_out * c_in
-    ab0 = m0 + npos * o_out * tiles
-    nblk = (o_out + mb - 1) // mb
-    ab = s[ab0:ab0 + 2]
-    for t in range(first, last):
-        k = t // nblk
-        o0 = (t - k * nblk) * mb
-        cnt = min(mb, o_out - o0)
-        _gemm(s, u0 + (o0 * npos + k) * c_in, npos * c_in, s, k * c_in * tiles, tiles, s,
-              m0 + (k * o_out + o0) * tiles, tiles, cnt, tiles, c_in, ab)
-
-
-@njit(**OPTIONS)
-def wino_output(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
-    """``out`` (N, O, Ho, Wo) from ``m`` (16, O, N * th * tw) in the scratch ``s``: each tile's 2 x 2
-    outputs ``A^T m A``, then the bias and activation (:data:`FUSED`); one task per (image, output
-    channel), tasks ``first:last``; the last row or column of tiles may be cut by the map."""
-    n_img, o_out, ho, wo = out.shape
-    c_in = x.shape[1]
-    th, tw = (ho + 1) // 2, (wo + 1) // 2
-    tiles = n_img * th * tw
-    m0 = 16 * c_in * tiles + 16 * o_out * c_in  # the scratch's layout (WINO_LAYOUT)
-    step = o_out * tiles  # from one tile position's plane of m to the next
-    has_bias = bias.shape[0] > 0
-    dt = out.dtype
-    sc = np.empty((8, tw), dt)
-    for t in range(first, last):
-        n = t // o_out
-        o = t - n * o_out
-        bv = bias[o] if has_bias else dt.type(0.0)
-        for ty in range(th):
-            base = m0 + o * tiles + (n * th + ty) * tw
-            for j in range(4):  # A^T m: the two rows of each tile, per column j
-                src = base + j * step
-                m0r = s[src:src + tw]
-                m1r = s[src + 4 * step:src + 4 * step + tw]
-                m2r = s[src + 8 * step:src + 8 * step + tw]
-                m3r = s[src + 12 * step:src + 12 * step + tw]
-                for tx in range(tw):
-                    sc[j, tx] = m0r[tx] + m1r[tx] + m2r[tx]
-                    sc[4 + j, tx] = m1r[tx] - m2r[tx] - m3r[tx]
-            for i in range(2):  # (A^T m) A: the two columns
-                oy = 2 * ty + i
-                if oy >= ho:
-                    break
-                row = out[n, o, oy]
-                for tx in range(tw):
-                    a, b, cc, dd = sc[4 * i, tx], sc[4 * i + 1, tx], sc[4 * i + 2, tx], sc[4 * i + 3, tx]
-                    row[2 * tx] = a + b + cc
-                    if 2 * tx + 1 < wo:
-                        row[2 * tx + 1] = b - cc - dd
-                act_row(row, bv, code)
-
-
-# -- Winograd F(4x4, 3x3) ----------------------------------------------------------------------------
-# The same scheme on 6 x 6 input tiles that give 4 x 4 outputs each: 36 GEMMs of (O x C) @ (C x T),
-# 4x fewer multiply-adds than direct (2.25x for F(2x2)), and the intermediates 2.25x the input
-# or output where F(2x2)'s are 4x (fewer bytes through the three passes). Lavin's points 0, +-1,
-# +-2 and infinity:
+# F(4x4, 3x3), Lavin's points 0, +-1, +-2 and infinity:
 #   B^T = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
 #          [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]
 #   G = [[1/4, 0, 0], [-1/6, -1/6, -1/6], [-1/6, 1/6, -1/6], [1/24, 1/12, 1/6], [1/24, -1/12, 1/6], [0, 0, 1]]
 #   A^T = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]
-# The transforms' larger coefficients (5, 8) cost precision: a relative 1-4e-6 in float32 against
-# the float64 reference for 8-512 input channels (the GEMMs' own rounding grows with C as
-# direct's), inside the 1e-5 tolerance; the filters are transformed in float64. Infinite or NaN
-# inputs give NaN over the whole 4 x 4 tile's outputs (inf - inf, or 0 * inf, in the transforms),
-# as F(2x2)'s over its 2 x 2: NaN where the direct sum may be +-inf.
-# Scratch as F(2x2)'s (WINO_LAYOUT) with 36 positions: v (36, C, T), u (O, 36, C), m (36, O, T),
-# ab; T = N * ceil(Ho / 4) * ceil(Wo / 4).
+# F(2x2)'s transforms only add and halve: its error is about the direct product's (a relative 1e-7
+# in float32 against the float64 reference on ResNet's layers). F(4x4)'s larger coefficients (5, 8)
+# cost some precision: a relative 2-7e-7 measured for 16-512 input channels (1-4e-6 in a NumPy
+# model of it with float32 sums), inside the 1e-5 tolerance; both transform the filters in float64.
+# Infinite or NaN inputs give NaN over a whole tile's outputs (inf - inf, or 0 * inf, in the
+# transforms) where the direct sum may be +-inf, as any Winograd's, the CUDA backend's too.
+#
+# **One loop per tile size.** All of a tile size's stages are one loop (:func:`wino2`,
+# :func:`wino4`) over one range of task numbers, stage after stage: the input tiles (one task per
+# (image, channel)) and the filters (one per output channel), then the GEMMs (one per (tile
+# position, block of ``mb`` output channels)), then the output tiles (one per (image, output
+# channel)). The launcher runs the three groups one after the other, each through the parallel
+# wrapper with its offset in the task numbers. A first use compiles one loop and one wrapper: as
+# four loops (a stage each) F(4x4)'s compiled in 2.22 s, each loop's fixed cost (numba's typing and
+# lowering of a function, its LLVM module, the first-class wrapper, the cache entry) four times.
+
+#: The stages' flat scratch ``s`` (T = N * th * tw tiles, th = ceil(Ho / m), tw = ceil(Wo / m) for
+#: m x m outputs a tile, P = (m + 2)^2 tile positions): ``v`` (P, C, T) from 0, ``u`` (O, P, C) from
+#: P C T, ``m`` (P, O, T) from P C T + P O C, then ``ab`` = [1, 0] (the GEMMs' scalars, set by the
+#: launcher). ``u`` is (O, P, C), not (P, O, C): an output channel's P rows are then neighbours, where
+#: 16 rows O * C apart (256 KB on 256 channels) fall into the same cache sets (3.1 ms against 0.5 on
+#: 256 x 256 filters).
+WINO_LAYOUT = ("v (P, C, T)", "u (O, P, C)", "m (P, O, T)", "ab (2,)")
+
+
+@njit(inline="always", **OPTIONS)
+def _wino_gemm(s, t, c_in, o_out, tiles, npos, mb):
+    """GEMM task ``t`` of either tile size: ``m[k, block] = u[block, k] @ v[k]`` for tile position
+    k and the ``t``-th block of ``mb`` output channels, one BLAS call (``u[block, k]`` read through
+    its leading dimension P C), all three in the scratch ``s`` (:data:`WINO_LAYOUT`)."""
+    u0 = npos * c_in * tiles
+    m0 = u0 + npos * o_out * c_in
+    ab0 = m0 + npos * o_out * tiles
+    nblk = (o_out + mb - 1) // mb
+    k = t // nblk
+    o0 = (t - k * nblk) * mb
+    cnt = min(mb, o_out - o0)
+    _gemm(s, u0 + (o0 * npos + k) * c_in, npos * c_in, s, k * c_in * tiles, tiles, s,
+          m0 + (k * o_out + o0) * tiles, tiles, cnt, tiles, c_in, s[ab0:ab0 + 2])
 
 
 @njit(**OPTIONS)
-def wino4_input(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
-    """``v[k, c, tile] = (B^T d B)[k]`` for every 6 x 6 input tile ``d`` (tiles 4 apart,
-    zero-padded; F(4x4, 3x3)): ``x`` (N, C, H, W) any strides, ``v`` (36, C, N * th * tw) at the
-    start of the scratch ``s``. One task per (image, channel), tasks ``first:last``: per row of
-    tiles the six input rows are combined down the columns at once (B^T d over the whole row),
-    then across each tile's six columns, written to the 36 planes of ``v`` run by run (tw
-    tiles)."""
+def wino2(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
+    """Winograd F(2x2, 3x3), tasks ``first:last`` of its stages (``tile`` is 2):
+
+    * tasks ``[0, N C)``: ``v[k, c, tile] = (B^T d B)[k]`` for every 4 x 4 input tile ``d`` of
+      (image, channel) (zero-padded; ``x`` (N, C, H, W) any strides): per row of tiles the four
+      input rows are combined down the columns at once, then across each tile's four columns;
+    * ``[N C, N C + O)``: ``u[o, k, c] = (G g G^T)[k]`` for each filter ``g = w[o, c]`` of output
+      channel o (computed in float64; ``w`` (O, C, 3, 3) C-contiguous and flat);
+    * the next ``16 ceil(O / mb)``: the GEMMs (:func:`_wino_gemm`);
+    * the next ``N O``: ``out[n, o]`` (``out`` (N, O, Ho, Wo)), each tile's 2 x 2 outputs
+      ``A^T m A`` (the last row or column of tiles may be cut by the map), then the bias and
+      activation (:data:`FUSED`).
+
+    v, u and m are in the flat scratch ``s`` (:data:`WINO_LAYOUT`)."""
     n_img, c_in, h, wd = x.shape
-    th, tw = (out.shape[2] + 3) // 4, (out.shape[3] + 3) // 4
+    o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
+    th, tw = (ho + 1) // 2, (wo + 1) // 2
     tiles = n_img * th * tw
-    width = 4 * tw + 2
-    step = c_in * tiles  # from one tile position's plane of v to the next
-    rows = np.empty((12, width), s.dtype)  # six input rows, then B^T d; written whole per row of tiles
-    c2, c4, c5 = s.dtype.type(2.0), s.dtype.type(4.0), s.dtype.type(5.0)  # in the dtype: no float64 products
+    u0 = 16 * c_in * tiles
+    m0 = u0 + 16 * o_out * c_in
+    n_in = n_img * c_in
+    n_w = n_in + o_out
+    n_g = n_w + 16 * ((o_out + mb - 1) // mb)
+    has_bias = bias.shape[0] > 0
+    dt = out.dtype
+    width = 2 * tw + 2
+    rows = np.empty((8, width), dt)  # four input rows, then B^T d; written whole per row of tiles
+    gt = np.empty(12, np.float64)  # G g (4 x 3), in float64 as the products after it
+    sc = np.empty((8, tw), dt)  # A^T m
     for t in range(first, last):
-        n = t // c_in
-        c = t - n * c_in
-        xc = x[n, c]
-        for ty in range(th):
-            for r in range(6):
-                iy = 4 * ty + r - pt
-                row = rows[r]
-                if 0 <= iy < h:
-                    src = xc[iy]
-                    for q in range(width):
-                        ix = q - pl
-                        row[q] = src[ix] if 0 <= ix < wd else 0
-                else:
-                    for q in range(width):
-                        row[q] = 0
-            for q in range(width):  # B^T d: the rows
-                d0, d1, d2, d3, d4, d5 = rows[0, q], rows[1, q], rows[2, q], rows[3, q], rows[4, q], rows[5, q]
-                a = d4 - c4 * d2
-                b = d3 - c4 * d1
-                cc = d4 - d2
-                dd = c2 * (d3 - d1)
-                rows[6, q] = c4 * d0 - c5 * d2 + d4
-                rows[7, q] = a + b
-                rows[8, q] = a - b
-                rows[9, q] = cc + dd
-                rows[10, q] = cc - dd
-                rows[11, q] = c4 * d1 - c5 * d3 + d5
-            base = c * tiles + (n * th + ty) * tw
-            for i in range(6):  # (B^T d) B: the columns of each tile, into planes 6 i .. 6 i + 5 of v
-                ti = rows[6 + i]
-                dst = 6 * i * step + base
-                for tx in range(tw):
-                    q = 4 * tx
-                    d0, d1, d2, d3, d4, d5 = ti[q], ti[q + 1], ti[q + 2], ti[q + 3], ti[q + 4], ti[q + 5]
+        if t < n_in:  # the input tiles of (image, channel)
+            n = t // c_in
+            c = t - n * c_in
+            xc = x[n, c]
+            step = c_in * tiles  # from one tile position's plane of v to the next
+            for ty in range(th):
+                for r in range(4):
+                    iy = 2 * ty + r - pt
+                    row = rows[r]
+                    if 0 <= iy < h:
+                        src = xc[iy]
+                        for q in range(width):
+                            ix = q - pl
+                            row[q] = src[ix] if 0 <= ix < wd else 0
+                    else:
+                        for q in range(width):
+                            row[q] = 0
+                for q in range(width):  # B^T d: the rows
+                    r0, r1, r2, r3 = rows[0, q], rows[1, q], rows[2, q], rows[3, q]
+                    rows[4, q] = r0 - r2
+                    rows[5, q] = r1 + r2
+                    rows[6, q] = r2 - r1
+                    rows[7, q] = r1 - r3
+                base = c * tiles + (n * th + ty) * tw
+                for i in range(4):  # (B^T d) B: the columns of each tile, into planes 4 i .. 4 i + 3 of v
+                    ti = rows[4 + i]
+                    dst = 4 * i * step + base
+                    for tx in range(tw):
+                        a, b, cc, dd = ti[2 * tx], ti[2 * tx + 1], ti[2 * tx + 2], ti[2 * tx + 3]
+                        s[dst + tx] = a - cc
+                        s[dst + step + tx] = b + cc
+                        s[dst + 2 * step + tx] = cc - b
+                        s[dst + 3 * step + tx] = b - dd
+        elif t < n_w:  # the filters of output channel o
+            o = t - n_in
+            uo = u0 + o * 16 * c_in
+            for c in range(c_in):
+                f = (o * c_in + c) * 9  # the filter's 3 x 3 values in the flat w
+                for j in range(3):  # G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2
+                    a, b, d = np.float64(w[f + j]), np.float64(w[f + 3 + j]), np.float64(w[f + 6 + j])
+                    gt[j] = a
+                    gt[3 + j] = 0.5 * (a + b + d)
+                    gt[6 + j] = 0.5 * (a - b + d)
+                    gt[9 + j] = d
+                for k in range(4):  # (G g) G^T, row by row: (a, b, d) -> (a, (a + b + d) / 2, (a - b + d) / 2, d)
+                    a, b, d = gt[3 * k], gt[3 * k + 1], gt[3 * k + 2]
+                    r = uo + 4 * k * c_in + c
+                    s[r] = a
+                    s[r + c_in] = 0.5 * (a + b + d)
+                    s[r + 2 * c_in] = 0.5 * (a - b + d)
+                    s[r + 3 * c_in] = d
+        elif t < n_g:
+            _wino_gemm(s, t - n_w, c_in, o_out, tiles, 16, mb)
+        else:  # the output tiles of (image, output channel)
+            r = t - n_g
+            n = r // o_out
+            o = r - n * o_out
+            step = o_out * tiles  # from one tile position's plane of m to the next
+            bv = bias[o] if has_bias else dt.type(0.0)
+            for ty in range(th):
+                base = m0 + o * tiles + (n * th + ty) * tw
+                for j in range(4):  # A^T m: the two rows of each tile, per column j
+                    src = base + j * step
+                    m0r = s[src:src + tw]
+                    m1r = s[src + 4 * step:src + 4 * step + tw]
+                    m2r = s[src + 8 * step:src + 8 * step + tw]
+                    m3r = s[src + 12 * step:src + 12 * step + tw]
+                    for tx in range(tw):
+                        sc[j, tx] = m0r[tx] + m1r[tx] + m2r[tx]
+                        sc[4 + j, tx] = m1r[tx] - m2r[tx] - m3r[tx]
+                for i in range(2):  # (A^T m) A: the two columns
+                    oy = 2 * ty + i
+                    if oy >= ho:
+                        break
+                    row = out[n, o, oy]
+                    for tx in range(tw):
+                        a, b, cc, dd = sc[4 * i, tx], sc[4 * i + 1, tx], sc[4 * i + 2, tx], sc[4 * i + 3, tx]
+                        row[2 * tx] = a + b + cc
+                        if 2 * tx + 1 < wo:
+                            row[2 * tx + 1] = b - cc - dd
+                    act_row(row, bv, code)
+
+
+@njit(**OPTIONS)
+def wino4(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
+    """Winograd F(4x4, 3x3), tasks ``first:last`` of its stages (``tile`` is 4), as :func:`wino2`
+    on 6 x 6 input tiles 4 apart:
+
+    * tasks ``[0, N C)``: ``v[k, c, tile] = (B^T d B)[k]`` for the input tiles of (image,
+      channel): per row of tiles the six input rows (the map's part copied, the padding zeroed)
+      are combined down the columns at once (B^T d over the whole row), then across each tile's
+      six columns, written to the 36 planes of ``v`` run by run (tw tiles);
+    * ``[N C, N C + O)``: ``u[o, k, c] = (G g G^T)[k]`` for the filters of output channel o, in
+      float64: its C filters first read into rows (9, C), so that both products (G g, then
+      (G g) G^T) run down whole rows of C values (one filter at a time, with its 36 results C
+      apart and divisions, took 26-40 ns a filter: 10 ms on 512 x 512 filters);
+    * the next ``36 ceil(O / mb)``: the GEMMs (:func:`_wino_gemm`);
+    * the next ``N O``: each tile's 4 x 4 outputs ``A^T m A``, a row of tiles at a time, cut to
+      the map, then the bias and activation (:data:`FUSED`).
+
+    The transforms' products are in the operands' dtype (constants of it: no float64 products)."""
+    n_img, c_in, h, wd = x.shape
+    o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
+    th, tw = (ho + 3) // 4, (wo + 3) // 4
+    tiles = n_img * th * tw
+    u0 = 36 * c_in * tiles
+    m0 = u0 + 36 * o_out * c_in
+    n_in = n_img * c_in
+    n_w = n_in + o_out
+    n_g = n_w + 36 * ((o_out + mb - 1) // mb)
+    has_bias = bias.shape[0] > 0
+    dt = out.dtype
+    c2, c4, c5, c8 = dt.type(2.0), dt.type(4.0), dt.type(5.0), dt.type(8.0)
+    width = 4 * tw + 2
+    rows = np.empty((12, width), dt)  # six input rows, then B^T d; written whole per row of tiles
+    lo, hi = min(pl, width), min(max(pl, 0) + wd, width)  # the row's columns inside the map
+    g9 = np.empty((9, c_in))  # an output channel's filters, tap by tap (float64)
+    g18 = np.empty((18, c_in))  # G g: row i, column j at g18[3 i + j]
+    q4, q6, q12, q24 = 0.25, 1.0 / 6.0, 1.0 / 12.0, 1.0 / 24.0
+    sc = np.empty((24, tw), dt)  # A^T m: row i of each tile at column j in sc[6 i + j]
+    rw = np.empty(4 * tw, dt)  # one output row of the tiles, cut to Wo when copied out
+    for t in range(first, last):
+        if t < n_in:  # the input tiles of (image, channel)
+            n = t // c_in
+            c = t - n * c_in
+            xc = x[n, c]
+            step = c_in * tiles  # from one tile position's plane of v to the next
+            for ty in range(th):
+                for r in range(6):
+                    iy = 4 * ty + r - pt
+                    row = rows[r]
+                    if 0 <= iy < h:
+                        src = xc[iy]
+                        for q in range(lo):
+                            row[q] = 0
+                        for q in range(lo, hi):
+                            row[q] = src[q - pl]
+                        for q in range(hi, width):
+                            row[q] = 0
+                    else:
+                        for q in range(width):
+                            row[q] = 0
+                for q in range(width):  # B^T d: the rows
+                    d0, d1, d2, d3, d4, d5 = rows[0, q], rows[1, q], rows[2, q], rows[3, q], rows[4, q], rows[5, q]
                     a = d4 - c4 * d2
                     b = d3 - c4 * d1
                     cc = d4 - d2
                     dd = c2 * (d3 - d1)
-                    s[dst + tx] = c4 * d0 - c5 * d2 + d4
-                    s[dst + step + tx] = a + b
-                    s[dst + 2 * step + tx] = a - b
-                    s[dst + 3 * step + tx] = cc + dd
-                    s[dst + 4 * step + tx] = cc - dd
-                    s[dst + 5 * step + tx] = c4 * d1 - c5 * d3 + d5
-
-
-@njit(**OPTIONS)
-def wino4_weights(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
-    """``u[o, k, c] = (G g G^T)[k]`` for each 3 x 3 filter ``g = w[o, c]`` (F(4x4, 3x3), in
-    float64), ``w`` (O, C, 3, 3) C-contiguous and flat, ``u`` (O, 36, C) in the scratch ``s``;
-    tasks are output channels ``first:last``. Per output channel, its C filters are first read
-    into rows (9, C), so that both products (G g, then (G g) G^T) run down whole rows of C values
-    (vectorized, multiplications by the reciprocals): one filter at a time, with its 36 results
-    C apart, took 26-40 ns a filter (10 ms on 512 x 512 filters)."""
-    n_img, c_in = x.shape[0], x.shape[1]
-    u0 = 36 * c_in * n_img * ((out.shape[2] + 3) // 4) * ((out.shape[3] + 3) // 4)  # the scratch's layout
-    g = np.empty((9, c_in))  # the channel's filters, tap by tap (float64)
-    t = np.empty((18, c_in))  # G g: row i, column j at t[3 i + j]
-    q4, q6, q12, q24 = 0.25, 1.0 / 6.0, 1.0 / 12.0, 1.0 / 24.0
-    for o in range(first, last):
-        f = o * c_in * 9
-        for c in range(c_in):
-            for k in range(9):
-                g[k, c] = w[f + 9 * c + k]
-        for j in range(3):  # G g, column j: g0 / 4, -(g0 + g1 + g2) / 6, -(g0 - g1 + g2) / 6, ..., g2
-            a, b, d = g[j], g[3 + j], g[6 + j]
+                    rows[6, q] = c4 * d0 - c5 * d2 + d4
+                    rows[7, q] = a + b
+                    rows[8, q] = a - b
+                    rows[9, q] = cc + dd
+                    rows[10, q] = cc - dd
+                    rows[11, q] = c4 * d1 - c5 * d3 + d5
+                base = c * tiles + (n * th + ty) * tw
+                for i in range(6):  # (B^T d) B: the columns of each tile, into planes 6 i .. 6 i + 5 of v
+                    ti = rows[6 + i]
+                    dst = 6 * i * step + base
+                    for tx in range(tw):
+                        q = 4 * tx
+                        d0, d1, d2, d3, d4, d5 = ti[q], ti[q + 1], ti[q + 2], ti[q + 3], ti[q + 4], ti[q + 5]
+                        a = d4 - c4 * d2
+                        b = d3 - c4 * d1
+                        cc = d4 - d2
+                        dd = c2 * (d3 - d1)
+                        s[dst + tx] = c4 * d0 - c5 * d2 + d4
+                        s[dst + step + tx] = a + b
+                        s[dst + 2 * step + tx] = a - b
+                        s[dst + 3 * step + tx] = cc + dd
+                        s[dst + 4 * step + tx] = cc - dd
+                        s[dst + 5 * step + tx] = c4 * d1 - c5 * d3 + d5
+        elif t < n_w:  # the filters of output channel o
+            o = t - n_in
+            f = o * c_in * 9
             for c in range(c_in):
-                e = a[c] + d[c]
-                t[j, c] = q4 * a[c]
-                t[3 + j, c] = -q6 * (e + b[c])
-                t[6 + j, c] = -q6 * (e - b[c])
-                t[9 + j, c] = q24 * a[c] + q12 * b[c] + q6 * d[c]
-                t[12 + j, c] = q24 * a[c] - q12 * b[c] + q6 * d[c]
-                t[15 + j, c] = d[c]
-        uo = u0 + o * 36 * c_in
-        for k in range(6):  # (G g) G^T, row k of G g into u's rows 6 k .. 6 k + 5
-            a, b, d = t[3 * k], t[3 * k + 1], t[3 * k + 2]
-            r = uo + 6 * k * c_in
-            for c in range(c_in):
-                e = a[c] + d[c]
-                s[r + c] = q4 * a[c]
-                s[r + c_in + c] = -q6 * (e + b[c])
-                s[r + 2 * c_in + c] = -q6 * (e - b[c])
-                s[r + 3 * c_in + c] = q24 * a[c] + q12 * b[c] + q6 * d[c]
-                s[r + 4 * c_in + c] = q24 * a[c] - q12 * b[c] + q6 * d[c]
-                s[r + 5 * c_in + c] = d[c]
-
-
-@njit(**OPTIONS)
-def wino4_output(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
-    """``out`` (N, O, Ho, Wo) from ``m`` (36, O, N * th * tw) in the scratch ``s`` (F(4x4,
-    3x3)): each tile's 4 x 4 outputs ``A^T m A``, then the bias and activation (:data:`FUSED`);
-    one task per (image, output channel), tasks ``first:last``; the last row or column of tiles
-    may be cut by the map."""
-    n_img, o_out, ho, wo = out.shape
-    c_in = x.shape[1]
-    th, tw = (ho + 3) // 4, (wo + 3) // 4
-    tiles = n_img * th * tw
-    m0 = 36 * c_in * tiles + 36 * o_out * c_in  # the scratch's layout
-    step = o_out * tiles  # from one tile position's plane of m to the next
-    has_bias = bias.shape[0] > 0
-    dt = out.dtype
-    sc = np.empty((24, tw), dt)  # A^T m: row i of each tile at column j in sc[6 i + j]
-    rw = np.empty(4 * tw, dt)  # one output row of the tiles, cut to Wo when copied out
-    c2, c4, c8 = dt.type(2.0), dt.type(4.0), dt.type(8.0)  # in the dtype: no float64 products
-    for t in range(first, last):
-        n = t // o_out
-        o = t - n * o_out
-        bv = bias[o] if has_bias else dt.type(0.0)
-        for ty in range(th):
-            base = m0 + o * tiles + (n * th + ty) * tw
-            for j in range(6):  # A^T m: the four rows of each tile, per column j
-                src = base + j * step
-                r0 = s[src:src + tw]
-                r1 = s[src + 6 * step:src + 6 * step + tw]
-                r2 = s[src + 12 * step:src + 12 * step + tw]
-                r3 = s[src + 18 * step:src + 18 * step + tw]
-                r4 = s[src + 24 * step:src + 24 * step + tw]
-                r5 = s[src + 30 * step:src + 30 * step + tw]
-                for tx in range(tw):
-                    a, b = r1[tx] + r2[tx], r1[tx] - r2[tx]
-                    cc, dd = r3[tx] + r4[tx], r3[tx] - r4[tx]
-                    sc[j, tx] = r0[tx] + a + cc
-                    sc[6 + j, tx] = b + c2 * dd
-                    sc[12 + j, tx] = a + c4 * cc
-                    sc[18 + j, tx] = b + c8 * dd + r5[tx]
-            for i in range(4):  # (A^T m) A: the four columns
-                oy = 4 * ty + i
-                if oy >= ho:
-                    break
-                for tx in range(tw):
-                    m0r, m1r, m2r = sc[6 * i, tx], sc[6 * i + 1, tx], sc[6 * i + 2, tx]
-                    m3r, m4r, m5r = sc[6 * i + 3, tx], sc[6 * i + 4, tx], sc[6 * i + 5, tx]
-                    a, b = m1r + m2r, m1r - m2r
-                    cc, dd = m3r + m4r, m3r - m4r
-                    rw[4 * tx] = m0r + a + cc
-                    rw[4 * tx + 1] = b + c2 * dd
-                    rw[4 * tx + 2] = a + c4 * cc
-                    rw[4 * tx + 3] = b + c8 * dd + m5r
-                row = out[n, o, oy]
-                for q in range(wo):
-                    row[q] = rw[q]
-                act_row(row, bv, code)
+                for k in range(9):
+                    g9[k, c] = w[f + 9 * c + k]
+            for j in range(3):  # G g, column j: g0 / 4, -(g0 + g1 + g2) / 6, -(g0 - g1 + g2) / 6, ..., g2
+                a, b, d = g9[j], g9[3 + j], g9[6 + j]
+                for c in range(c_in):
+                    e = a[c] + d[c]
+                    g18[j, c] = q4 * a[c]
+                    g18[3 + j, c] = -q6 * (e + b[c])
+                    g18[6 + j, c] = -q6 * (e - b[c])
+                    g18[9 + j, c] = q24 * a[c] + q12 * b[c] + q6 * d[c]
+                    g18[12 + j, c] = q24 * a[c] - q12 * b[c] + q6 * d[c]
+                    g18[15 + j, c] = d[c]
+            uo = u0 + o * 36 * c_in
+            for k in range(6):  # (G g) G^T, row k of G g into u's rows 6 k .. 6 k + 5
+                a, b, d = g18[3 * k], g18[3 * k + 1], g18[3 * k + 2]
+                r = uo + 6 * k * c_in
+                for c in range(c_in):
+                    e = a[c] + d[c]
+                    s[r + c] = q4 * a[c]
+                    s[r + c_in + c] = -q6 * (e + b[c])
+                    s[r + 2 * c_in + c] = -q6 * (e - b[c])
+                    s[r + 3 * c_in + c] = q24 * a[c] + q12 * b[c] + q6 * d[c]
+                    s[r + 4 * c_in + c] = q24 * a[c] - q12 * b[c] + q6 * d[c]
+                    s[r + 5 * c_in + c] = d[c]
+        elif t < n_g:
+            _wino_gemm(s, t - n_w, c_in, o_out, tiles, 36, mb)
+        else:  # the output tiles of (image, output channel)
+            r = t - n_g
+            n = r // o_out
+            o = r - n * o_out
+            step = o_out * tiles  # from one tile position's plane of m to the next
+            bv = bias[o] if has_bias else dt.type(0.0)
+            for ty in range(th):
+                base = m0 + o * tiles + (n * th + ty) * tw
+                for j in range(6):  # A^T m: the four rows of each tile, per column j
+                    src = base + j * step
+                    r0 = s[src:src + tw]
+                    r1 = s[src + 6 * step:src + 6 * step + tw]
+                    r2 = s[src + 12 * step:src + 12 * step + tw]
+                    r3 = s[src + 18 * step:src + 18 * step + tw]
+                    r4 = s[src + 24 * step:src + 24 * step + tw]
+                    r5 = s[src + 30 * step:src + 30 * step + tw]
+                    for tx in range(tw):
+                        a, b = r1[tx] + r2[tx], r1[tx] - r2[tx]
+                        cc, dd = r3[tx] + r4[tx], r3[tx] - r4[tx]
+                        sc[j, tx] = r0[tx] + a + cc
+                        sc[6 + j, tx] = b + c2 * dd
+                        sc[12 + j, tx] = a + c4 * cc
+                        sc[18 + j, tx] = b + c8 * dd + r5[tx]
+                for i in range(4):  # (A^T m) A: the four columns
+                    oy = 4 * ty + i
+                    if oy >= ho:
+                        break
+                    for tx in range(tw):
+                        e0, e1, e2 = sc[6 * i, tx], sc[6 * i + 1, tx], sc[6 * i + 2, tx]
+                        e3, e4, e5 = sc[6 * i + 3, tx], sc[6 * i + 4, tx], sc[6 * i + 5, tx]
+                        a, b = e1 + e2, e1 - e2
+                        cc, dd = e3 + e4, e3 - e4
+                        rw[4 * tx] = e0 + a + cc
+                        rw[4 * tx + 1] = b + c2 * dd
+                        rw[4 * tx + 2] = a + c4 * cc
+                        rw[4 * tx + 3] = b + c8 * dd + e5
+                    row = out[n, o, oy]
+                    for q in range(wo):
+                        row[q] = rw[q]
+                    act_row(row, bv, code)
 
 
 @njit(**OPTIONS)
@@ -1146,11 +1136,11 @@ def par_batch(fn, x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo
 
 
 @njit(**WRAPPER)
-def par_wino(fn, x, w, bias, out, s, pt, pl, mb, tile, code, tasks, pieces):
-    """A stage of Winograd (``fn``: :func:`wino_input`, :func:`wino_weights`, :func:`wino_gemm`
-    or :func:`wino_output`) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+def par_wino(fn, x, w, bias, out, s, pt, pl, mb, tile, code, off, tasks, pieces):
+    """A group of Winograd's stages (``fn``: :func:`wino2` or :func:`wino4`), its tasks ``off``
+    .. ``off + tasks``, cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
-        fn(x, w, bias, out, s, pt, pl, mb, tile, code, tasks * p // pieces, tasks * (p + 1) // pieces)
+        fn(x, w, bias, out, s, pt, pl, mb, tile, code, off + tasks * p // pieces, off + tasks * (p + 1) // pieces)
 
 
 @njit(parallel=True, **OPTIONS)

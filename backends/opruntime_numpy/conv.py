@@ -760,9 +760,9 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3) or, with config
     ``tile=4``, F(4x4, 3x3) (:mod:`._nb_conv`): the input tiles and the filters transformed in
     parallel, P GEMMs (16 or 36: per tile position, per block of output channels) spread over
-    numba's threads with BLAS in each, then the output tiles with the bias and activation. The
-    two tile sizes share the GEMM loop and the parallel wrapper; each has its own transforms
-    (compiled on its first use only)."""
+    numba's threads with BLAS in each, then the output tiles with the bias and activation. Each
+    tile size is one loop (:func:`._nb_conv.wino2`, :func:`._nb_conv.wino4`: compiled on its
+    first use only) run in three groups of tasks by one parallel wrapper."""
     from . import _blas
 
     nb, code, fused = _loops(problem)
@@ -775,9 +775,11 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
     npos = (tile + 2) ** 2
     dt = compute_dtype(problem.dtype)
     blocks = npos * -(-o // mb)
-    p_in, p_w, p_g, p_out = (_pieces(t, problem) for t in (n * c, o, blocks, n * o))
-    stages = (nb.wino_input, nb.wino_weights, nb.wino_output) if tile == 2 else \
-        (nb.wino4_input, nb.wino4_weights, nb.wino4_output)
+    # the stages' three groups of tasks (one loop, _nb_conv.wino2 / wino4): the input tiles and the
+    # filters, the GEMMs, the output tiles; each group's offset in the loop's task numbers
+    groups = ((0, n * c + o), (n * c + o, blocks), (n * c + o + blocks, n * o))
+    pieces = [_pieces(tasks, problem) for _, tasks in groups]
+    loop = nb.wino2 if tile == 2 else nb.wino4
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -791,11 +793,11 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
             s = buffers.empty((npos * (c * tiles + o * c + o * tiles) + 2,), dt)
             s[-2:] = (1, 0)
             args = (x, np.ascontiguousarray(w, dt).reshape(-1), b, out, s, pt, pl, mb, tile, fused)
-            run_tasks(nb, nb.par_wino, stages[0], args, n * c, p_in)
-            run_tasks(nb, nb.par_wino, stages[1], args, o, p_w)
+            fn = nb.task(loop, *args)
+            run_dynamic(nb.par_wino, fn, *args, *groups[0], pieces[0])
             with _blas.one_thread():
-                run_tasks(nb, nb.par_wino, nb.wino_gemm, args, blocks, p_g)
-            run_tasks(nb, nb.par_wino, stages[2], args, n * o, p_out)
+                run_dynamic(nb.par_wino, fn, *args, *groups[1], pieces[1])
+            run_dynamic(nb.par_wino, fn, *args, *groups[2], pieces[2])
             _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
