@@ -1,7 +1,7 @@
 """linear on CUDA: ``x @ weight.T + bias`` and the activation, three ways.
 
-* The own GEMMs of ``matmul.py`` (``simt`` fp32, ``mma`` and Hopper's ``wgmma`` fp16 / bf16,
-  each with its any-stride variant) built with their epilogue (``BIAS``, ``ACT`` of
+* The own GEMMs of ``matmul.py`` (``simt`` fp32, ``mma`` and Hopper's ``wgmma`` and ``tma`` fp16 /
+  bf16, each with its any-stride variant) built with their epilogue (``BIAS``, ``ACT`` of
   ``matmul_common.cuh``): bias and activation applied in fp32 to the accumulators before the one
   rounding, so GEMM + bias + activation is one kernel. ``weight`` (N, K) row-major is the GEMM's
   B (K x N) k-contiguous: the ``B_NCONTIG 0`` layout the kernels already read.
@@ -32,7 +32,7 @@ from .conv_launch import DTYPE_CODE
 from .cudnn import ALIGN
 from .cudnn import like as aligned
 from .epilogue import ACT
-from .matmul_launch import WGMMA_B_DESC, gemm_nt, launcher
+from .matmul_launch import NOT_DEFINES, WGMMA_B_DESC, gemm_nt, launcher
 
 EPILOGUE_THREADS = 256
 
@@ -266,9 +266,10 @@ def kernels() -> list[Kernel]:
     vendor = frozenset({"float16", "bfloat16", "float32", "float64"})
     sgemm, hgemm = cc.source("matmul_sgemm.cu"), cc.source("matmul_hgemm.cu")
     wgmma = cc.source("matmul_wgmma.cu") + repr(WGMMA_B_DESC)
+    tma = cc.source("matmul_tma.cu")
     simt_generic = _cost(lambda p, c: mm.cost_simt(p, c, True))
     mma_generic = _cost(lambda p, c: mm.cost_mma(p, c, True))
-    simt, mma, wg = _cost(mm.cost_simt), _cost(mm.cost_mma), _cost(mm.cost_wgmma)
+    simt, mma, wg, tm = _cost(mm.cost_simt), _cost(mm.cost_mma), _cost(mm.cost_wgmma), _cost(mm.cost_tma)
     return [
         #       op        name                          kind    dtypes  prepare, supports, cost
         Kernel("linear", "cupy.linear.cublas", "cuda", vendor, prepare=prepare_cublas, supports=supports_cublas,
@@ -289,6 +290,9 @@ def kernels() -> list[Kernel]:
         Kernel("linear", "cupy.linear.wgmma", "cuda", f16, prepare=_own("wgmma", False, mm.WGMMA_FALLBACK),
                supports=_via(mm.supports_wgmma), cost=wg, configs=mm.WGMMA_CONFIGS,
                config_for=_ranked(mm.WGMMA_CONFIGS, wg), source=wgmma),
+        Kernel("linear", "cupy.linear.tma", "cuda", f16, prepare=_own("tma", False, mm.WGMMA_FALLBACK),
+               supports=_via(mm.supports_tma), cost=tm, configs=mm.TMA_CONFIGS,
+               config_for=_ranked(mm.TMA_CONFIGS, tm), source=tma),
     ]
 
 
@@ -303,7 +307,7 @@ def build_variants() -> list[tuple[str, dict]]:
                                       "IDX": "int", "THREADS": EPILOGUE_THREADS}))
         out.append(("linear.cu", {"DTYPE": code, "ACT": ACT["gelu"], "BIAS": 0, "VEC": 1, "IDX": "long long",
                                   "THREADS": EPILOGUE_THREADS}))
-    strip = ("tile", "occ", "eff")
+    strip = NOT_DEFINES
     for file, cfg, extra in (("matmul_sgemm.cu", mm.SIMT_CONFIGS[0], {}),
                              ("matmul_hgemm.cu", mm.MMA_CONFIGS[0], {"BF16": 0}),
                              ("matmul_hgemm.cu", mm.MMA_CONFIGS[0], {"BF16": 1})):
@@ -317,4 +321,9 @@ def build_variants() -> list[tuple[str, dict]]:
         for bf, act in ((0, "gelu"), (0, "gelu_tanh"), (1, "relu"), (0, None)):
             out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": 0, "BF16": bf, "BIAS": 1, "ACT": ACT[act],
                                             **WGMMA_B_DESC}))
+    for cfg in mm.TMA_CONFIGS:
+        base = {k: v for k, v in cfg.items() if k not in strip}
+        for bf, act, store in ((0, "gelu", 1), (0, "gelu_tanh", 1), (1, "silu", 1), (0, "relu", 0)):
+            out.append(("matmul_tma.cu", {**base, "B_NCONTIG": 0, "BF16": bf, "BIAS": 1, "ACT": ACT[act],
+                                          "STORE_TMA": store}))
     return out

@@ -1,6 +1,7 @@
 """matmul on CUDA: cuBLAS through ``cupy.matmul`` (the vendor baseline), an fp32 SGEMM on the
 CUDA cores (``matmul_sgemm.cu``) and an fp16 / bf16 GEMM on the tensor cores
-(``matmul_hgemm.cu``, and ``matmul_wgmma.cu`` on Hopper), each in a vectorized variant for
+(``matmul_hgemm.cu``, and on Hopper ``matmul_wgmma.cu`` and the warp-specialised, TMA-fed
+``matmul_tma.cu``), each in a vectorized variant for
 aligned operands and a generic one for any strides: the table, the configs, what each kernel
 accepts and what it costs.
 
@@ -21,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opruntime.kernels import Kernel, Problem, itemsize
+from opruntime.kernels import Kernel, Problem, Refusal, itemsize
 
 from . import compile, memory
 from .matmul_launch import NOT_DEFINES, WGMMA_B_DESC, Geometry, geometry, preparer, run_cublas
@@ -51,6 +52,16 @@ WGMMA_CONFIGS: tuple[dict, ...] = (
     dict(tile="128x256x64s4", BM=128, BN=256, BK=64, STAGES=4, occ=1, eff=0.583),
     dict(tile="128x128x64s4", BM=128, BN=128, BK=64, STAGES=4, occ=1, eff=0.543),
     dict(tile="128x128x64s3", BM=128, BN=128, BK=64, STAGES=3, occ=2, eff=0.323),
+)
+#: Hopper only (sm_90a): the warp-specialised persistent kernel fed by TMA (matmul_tma.cu), one block
+#: per SM. Its time is modelled per round of tiles (ceil(tiles / SMs)): each tile's MMAs at ``eff`` of
+#: the SM's peak, plus ``round_s`` of epilogue and tile change that the two consumer warpgroups do
+#: not overlap with MMAs. Fitted on the H100 (fp16, 4096 x 4096 x K for K = 768 ... 6144, CUDA events;
+#: 128x256: 4096^3 in 180 us, K = 768 in 59 us).
+TMA_CONFIGS: tuple[dict, ...] = (
+    dict(tile="128x256x64s3", BM=128, BN=256, BK=64, STAGES=3, occ=1, eff=0.83, round_s=6.7e-6),
+    dict(tile="128x128x64s6", BM=128, BN=128, BK=64, STAGES=6, occ=1, eff=0.765, round_s=2.8e-6),
+    dict(tile="64x256x64s4", BM=64, BN=256, BK=64, STAGES=4, occ=1, eff=0.736, round_s=2.6e-6),
 )
 #: the mma config whose any-stride variant runs the wgmma kernel's misaligned bases
 WGMMA_FALLBACK = next(c for c in MMA_CONFIGS if c["tile"] == "128x128x64s3")
@@ -99,6 +110,18 @@ def supports_wgmma(problem: Problem) -> bool:
     g = _fits(problem, 8)
     if g is None or not (g.vec_a and g.a_kcontig and g.vec_b):
         return False
+    return compile.arch_of(problem.device.provider.index) == "90"
+
+
+def supports_tma(problem: Problem) -> bool | Refusal:
+    """One matrix (no batch), A k-contiguous, 16-byte rows for the tensor maps, k > 0, Hopper."""
+    g = _fits(problem, 8)
+    if g is None or not (g.vec_a and g.a_kcontig and g.vec_b):
+        return Refusal("operands the tensor maps cannot describe (A k-contiguous, rows of 16 bytes)")
+    if g.batch != 1:
+        return Refusal("a batch of matrices (the wgmma kernel's)")
+    if min(g.M, g.N, g.K) == 0:
+        return Refusal("an empty dim")
     return compile.arch_of(problem.device.provider.index) == "90"
 
 
@@ -179,6 +202,16 @@ def cost_wgmma(problem: Problem, cfg: Mapping[str, Any]) -> float:
     return max(t, HOST_OWN)
 
 
+def cost_tma(problem: Problem, cfg: Mapping[str, Any]) -> float:
+    g = geometry(problem, 8)
+    f16, sms = _figures(problem)[1], _figures(problem)[3]
+    rounds = -(-(-(-g.M // cfg["BM"]) * -(-g.N // cfg["BN"])) // sms)
+    per_tile = 2.0 * cfg["BM"] * cfg["BN"] * (-(-g.K // cfg["BK"]) * cfg["BK"]) / (f16 / sms * cfg["eff"])
+    nbytes = (g.M * g.K + g.K * g.N + g.M * g.N) * itemsize(problem.dtype)
+    t = max(rounds * (per_tile + cfg["round_s"]), nbytes / _figures(problem)[2]) + GPU_LAUNCH
+    return max(t, HOST_OWN)
+
+
 def cost_cublas(problem: Problem, cfg: Mapping[str, Any]) -> float:
     g = geometry(problem, 1)
     if g is None:  # batch dims cuBLAS folds itself: count the work only
@@ -205,6 +238,7 @@ def kernels() -> list[Kernel]:
     vendor = frozenset({"float16", "bfloat16", "float32", "float64"})
     sgemm, hgemm = compile.source("matmul_sgemm.cu"), compile.source("matmul_hgemm.cu")
     wgmma = compile.source("matmul_wgmma.cu") + repr(WGMMA_B_DESC)
+    tma = compile.source("matmul_tma.cu")
     simt_generic = lambda p, c: cost_simt(p, c, True)  # noqa: E731
     mma_generic = lambda p, c: cost_mma(p, c, True)  # noqa: E731
     return [
@@ -224,6 +258,9 @@ def kernels() -> list[Kernel]:
         Kernel("matmul", "cupy.matmul.wgmma", "cuda", f16, prepare=preparer("wgmma", False, WGMMA_FALLBACK),
                supports=supports_wgmma, cost=cost_wgmma, configs=WGMMA_CONFIGS,
                config_for=_ranked(WGMMA_CONFIGS, cost_wgmma), source=wgmma),
+        Kernel("matmul", "cupy.matmul.tma", "cuda", f16, prepare=preparer("tma", False, WGMMA_FALLBACK),
+               supports=supports_tma, cost=cost_tma, configs=TMA_CONFIGS,
+               config_for=_ranked(TMA_CONFIGS, cost_tma), source=tma),
     ]
 
 
@@ -247,4 +284,8 @@ def build_variants() -> list[tuple[str, dict]]:
         base = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
         for bn, bf in ((1, 0), (0, 0), (1, 1)):
             out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": bn, "BF16": bf, **WGMMA_B_DESC}))
+    for cfg in TMA_CONFIGS:
+        base = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
+        for bn, bf, store in ((1, 0, 1), (0, 0, 1), (1, 1, 0)):
+            out.append(("matmul_tma.cu", {**base, "B_NCONTIG": bn, "BF16": bf, "STORE_TMA": store}))
     return out

@@ -25,7 +25,7 @@ from . import compile, memory
 #: the other conventions give wrong results or an illegal address.
 WGMMA_B_DESC = {"B_LBO_MN": 1, "TNSP_B": 1}
 #: config keys that describe a config (for the cost model and names), not the source
-NOT_DEFINES = ("tile", "occ", "eff")
+NOT_DEFINES = ("tile", "occ", "eff", "round_s")
 MAX_GRID_Z = 65535
 
 
@@ -131,7 +131,7 @@ def plan(family: str, problem: Problem, cfg: Mapping[str, Any], generic: bool,
     epi = dict(epilogue or {})
     vec_a, vec_b = (g.vec_a, g.vec_b) if not generic else (False, False)
     fast = _launches(family, problem, cfg, g, dev, vec_a, vec_b, epi, label)
-    if family == "wgmma":  # misaligned bases: the mma kernel's any-stride variant
+    if family in ("wgmma", "tma"):  # misaligned bases: the mma kernel's any-stride variant
         assert fallback is not None, "wgmma needs the mma config for misaligned bases"
         return fast, _launches("mma", problem, fallback, g, dev, False, False, epi, label)
     slow = _launches(family, problem, cfg, g, dev, False, False, epi, label) if (vec_a or vec_b) else None
@@ -150,6 +150,9 @@ def variant(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, 
     if family == "wgmma":
         defines = {k: v for k, v in defines.items() if k not in ("A_KCONTIG", "VEC_A", "VEC_B")}
         return "matmul_wgmma.cu", "hgemm_wgmma", {**defines, **WGMMA_B_DESC}
+    if family == "tma":
+        defines = {k: v for k, v in defines.items() if k not in ("A_KCONTIG", "VEC_A", "VEC_B")}
+        return "matmul_tma.cu", "hgemm_tma", {**defines, "STORE_TMA": int(g.N % 8 == 0)}
     return "matmul_hgemm.cu", "hgemm", defines
 
 
@@ -168,11 +171,14 @@ def _launches(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry
               vec_a: bool, vec_b: bool, epilogue: Mapping[str, int] | None = None,
               label: str = "cupy.matmul") -> list[Launch]:
     file, name, defines = variant(family, problem, cfg, g, vec_a, vec_b, epilogue)
-    arch = "90a" if family == "wgmma" else None
+    arch = "90a" if family in ("wgmma", "tma") else None
     fn = compile.get_function(file, name, defines, dev, kernel=f"{label}.{family}", arch=arch)
     bm, bn = cfg["BM"], cfg["BN"]
     if family == "wgmma":  # warpgroups of 128 threads, 64 rows each; 1 KiB to align the stages
         threads, smem = bm // 64 * 128, cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2 + 1024
+    elif family == "tma":  # + the producer warpgroup; the C staging buffer; a full and an empty barrier per stage
+        threads = (bm // 64 + 1) * 128
+        smem = tma_smem(cfg, defines["STORE_TMA"])
     else:
         threads = (bm // cfg["WM"]) * (bn // cfg["WN"]) * 32
         smem = 0 if family == "simt" else cfg["STAGES"] * (bm + bn) * cfg["BK"] * 2
@@ -182,6 +188,9 @@ def _launches(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry
         with cupy.cuda.Device(dev):
             fn.max_dynamic_shared_size_bytes = smem
     tiles = -(-g.M // bm) * -(-g.N // bn)
+    if family == "tma":  # persistent: one block per SM walks the tiles (one matrix: supports_tma)
+        params = np.array((g.M, g.N, g.K, g.sam, g.sak, g.sbk, g.sbn, 0, 1, 1, 0, 0, 0, 0, 0, 0), dtype=PARAMS)[()]
+        return [Launch(fn, (min(tiles, problem.device.provider.sm_count), 1, 1), (threads, 1, 1), smem, params)]
     out = []
     for z0 in range(0, g.batch, MAX_GRID_Z):
         nz = min(MAX_GRID_Z, g.batch - z0)
@@ -189,6 +198,13 @@ def _launches(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry
                           dtype=PARAMS)[()]
         out.append(Launch(fn, (tiles, 1, nz), (threads, 1, 1), smem, params))
     return out
+
+
+def tma_smem(cfg: Mapping[str, Any], store_tma: int) -> int:
+    """Dynamic shared memory of a ``matmul_tma.cu`` config: the stages, the C staging buffer (for
+    TMA stores), the barriers, and 1 KiB to align the stages to the swizzle atoms."""
+    bm, bn, st = cfg["BM"], cfg["BN"], cfg["STAGES"]
+    return st * (bm + bn) * cfg["BK"] * 2 + (bm * bn * 2 if store_tma else 0) + st * 16 + 1024
 
 
 def preparer(family: str, generic: bool, fallback: Mapping[str, Any] | None = None) \
@@ -210,6 +226,8 @@ def launcher(family: str, problem: Problem, config: Mapping[str, Any], generic: 
     of N values, made contiguous when it is not) and applies the activation before storing."""
     import cupy
 
+    if family == "tma":
+        return _tma_launcher(problem, config, fallback, epilogue, label)
     fast, slow = plan(family, problem, config, generic, fallback, epilogue, label)
     dev = problem.device.provider.index
     shape, what = problem.out_shape, f"{label} {problem}"
@@ -226,13 +244,64 @@ def launcher(family: str, problem: Problem, config: Mapping[str, Any], generic: 
             for ln in launches:
                 ln.fn(ln.grid, ln.block, (a, b, out, ln.params), shared_mem=ln.smem)
         else:
-            if bias.strides[0] != bias.itemsize and bias.shape[0] > 1:
-                bias = cupy.ascontiguousarray(bias)
+            bias = _contiguous(bias)
             for ln in launches:
                 ln.fn(ln.grid, ln.block, (a, b, out, ln.params, bias), shared_mem=ln.smem)
         return out
 
     return launch
+
+
+def _tma_launcher(problem: Problem, config: Mapping[str, Any], fallback: Mapping[str, Any] | None,
+                  epilogue: Mapping[str, int] | None, label: str) -> Callable[..., Any]:
+    """``launch(a, b, bias=None) -> out`` for ``matmul_tma.cu``: each call passes the tensor maps of
+    its A, B and C (:class:`tma.TileMaps`: the address written into a map encoded once). A base off
+    16 bytes (a view's offset) runs the ``mma`` kernel's any-stride variant instead."""
+    import cupy
+
+    from . import tma
+
+    (fast,), slow = plan("tma", problem, config, False, fallback, epilogue, label)
+    g = geometry(problem, 8)
+    dev, dt = problem.device.provider.index, problem.dtype
+    bm, bn, isz = config["BM"], config["BN"], 2
+    maps_a = tma.TileMaps(dt, g.K, g.M, g.sam * isz, (64, bm))
+    # B: n-contiguous as atoms of 64 n x 64 k; k-contiguous (a weight's transpose) as BN rows of 64 k
+    maps_b = (tma.TileMaps(dt, g.N, g.K, g.sbk * isz, (64, 64)) if g.b_ncontig
+              else tma.TileMaps(dt, g.K, g.N, g.sbn * isz, (64, bn)))
+    maps_c = tma.TileMaps(dt, g.N, g.M, g.N * isz, (64, 64)) if g.N % 8 == 0 else None
+    shape, what = problem.out_shape, f"{label} {problem}"
+    getdev, empty = cupy.cuda.runtime.getDevice, memory.empty
+    fn, grid, block, smem, params = fast.fn, fast.grid, fast.block, fast.smem, fast.params
+
+    def launch(a: Any, b: Any, bias: Any = None) -> Any:
+        if getdev() != dev:
+            with cupy.cuda.Device(dev):
+                return launch(a, b, bias)
+        out = empty(shape, a.dtype, what)
+        pa, pb = a.data.ptr, b.data.ptr
+        if (pa | pb) & 15:
+            args: tuple = (a, b, out, slow[0].params)
+            ln = slow[0]
+            ln.fn(ln.grid, ln.block, args if bias is None else (*args, _contiguous(bias)), shared_mem=ln.smem)
+            return out
+        ta, tb = maps_a(pa), maps_b(pb)
+        tc = maps_c(out.data.ptr) if maps_c is not None else ta
+        args = (ta, tb, tc, out, params)
+        fn(grid, block, args if bias is None else (*args, _contiguous(bias)), shared_mem=smem)
+        return out
+
+    launch.maps = (maps_a, maps_b, maps_c)  # type: ignore[attr-defined]
+    return launch
+
+
+def _contiguous(bias: Any) -> Any:
+    """A 1-D bias the kernels index as bias[n]."""
+    if bias.strides[0] != bias.itemsize and bias.shape[0] > 1:
+        import cupy
+
+        return cupy.ascontiguousarray(bias)
+    return bias
 
 
 def run_cublas(problem: Problem, config: Mapping[str, Any], a: Any, b: Any) -> Any:

@@ -9,14 +9,18 @@
 // when a stage's bytes have landed, "empty" when every consumer warp has finished reading it.
 // The producer gives most of its registers back (setmaxnreg). Warpgroups 1..BM/64 are the
 // consumers: each multiplies 64 rows x BN with one m64nBNk16 wgmma per k16 step from shared
-// memory, releases a stage as soon as the group that read it completes, and writes its
-// accumulators (bias and activation applied in fp32 first) straight from registers while the
-// producer is already filling the stages for the next tile.
+// memory and releases a stage as soon as the group that read it completes. Its epilogue applies
+// bias and activation in fp32, rounds, and (STORE_TMA 1: rows of C 16-byte aligned) writes its
+// 64 x BN piece into a shared staging buffer that the TMA stores asynchronously while the
+// warpgroup goes on to its next tile; STORE_TMA 0 stores pairs straight from the registers (at
+// K = 768 those stores had cost as much as the MMAs). Meanwhile the producer already fills the
+// stages for the next tile.
 //
 // Shared memory layout (128-byte swizzle, as the descriptors name it; 1024-byte aligned stages):
 // A as BM rows of 64 k (128 B), chunk c of row r at c ^ (r % 8); a k-contiguous B the same with
-// BN rows; an n-contiguous B as BN/64 atoms of 64 n x 64 k rows, chunk c of row k at c ^ (k % 8).
-// The barriers follow the stages.
+// BN rows; an n-contiguous B as BN/64 atoms of 64 n x 64 k rows, chunk c of row k at c ^ (k % 8);
+// the C staging buffer (STORE_TMA) as BM/64 x BN/64 atoms of 64 rows x 64 n, chunk c of row r at
+// c ^ (r % 8), in the order (warpgroup, atom). The barriers follow.
 //
 // Needs -arch=sm_90a; for other targets the kernel compiles to a trap (CI builds it).
 // opruntime-arch: sm_90a
@@ -28,12 +32,16 @@
 #define BN 256
 #define STAGES 4
 #endif
+#ifndef STORE_TMA
+#define STORE_TMA 1
+#endif
 #define BK 64
 #define NCWG (BM / 64)            // consumer warpgroups
 #define NT ((NCWG + 1) * 128)     // + the producer warpgroup
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BK * BN * 2)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
+#define C_BYTES (STORE_TMA ? BM * BN * 2 : 0)  // the staging buffer of the TMA stores
 // registers per thread after the hand-over: the producer keeps few, the consumers take the rest
 #define PRODUCER_REGS 40
 #define CONSUMER_REGS (NCWG == 1 ? 240 : 232)
@@ -47,9 +55,31 @@ struct __align__(64) TensorMap {
     unsigned long long w[16];
 };
 
+// Columns n, n + 1 of two rows (accumulators a[0..1] and a[2..3]): bias and activation in fp32,
+// rounded to two 16-bit pairs (lo: the first row, hi: the row 8 below)
+__device__ __forceinline__ void finish(const float* a, int n, int N, const bits16* bias, unsigned& lo, unsigned& hi) {
+    float v[4] = {a[0], a[1], a[2], a[3]};
+#if BIAS
+    const float b0 = bias16(bias, n, N), b1 = bias16(bias, n + 1, N);
+    v[0] += b0; v[1] += b1; v[2] += b0; v[3] += b1;
+#endif
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = activate<ACT>(v[q]);
+#if BF16
+    lo = pack_bf16x2(v[0], v[1]); hi = pack_bf16x2(v[2], v[3]);
+#else
+    lo = pack_f16x2(v[0], v[1]); hi = pack_f16x2(v[2], v[3]);
+#endif
+}
+#if BIAS
+#define BIAS_ARG bias
+#else
+#define BIAS_ARG nullptr
+#endif
+
 extern "C" __global__ void __launch_bounds__(NT, 1)
-hgemm_tma(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb, bits16* __restrict__ C,
-          const GemmParams p
+hgemm_tma(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
+          const __grid_constant__ TensorMap tc, bits16* __restrict__ C, const GemmParams p
 #if BIAS
           , const bits16* __restrict__ bias
 #endif
@@ -64,8 +94,9 @@ hgemm_tma(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMa
     const int ktiles = (K + BK - 1) / BK;  // >= 1: matmul.py sends K = 0 elsewhere
     auto stage_a = [&](int s) { return base + s * STAGE_BYTES; };
     auto stage_b = [&](int s) { return base + s * STAGE_BYTES + A_BYTES; };
-    auto full = [&](int s) { return base + STAGES * STAGE_BYTES + s * 8; };
-    auto empty = [&](int s) { return base + STAGES * STAGE_BYTES + (STAGES + s) * 8; };
+    const unsigned staging = base + STAGES * STAGE_BYTES, bars = staging + C_BYTES;
+    auto full = [&](int s) { return bars + s * 8; };
+    auto empty = [&](int s) { return bars + (STAGES + s) * 8; };
 
     if (tid == 0) {
 #pragma unroll
@@ -136,6 +167,34 @@ hgemm_tma(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMa
             fence_regs<BN / 2>(acc);
             if (lane == 0) mbar_arrive(empty(prev));
 
+#if STORE_TMA
+            // Epilogue through shared memory: accumulator i of a thread is row 16 * warp + lane / 4
+            // (+8 for i % 4 >= 2) of its warpgroup's 64, column 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+            // 4-byte pairs into the swizzled atoms (conflict-free: the 8 rows of a store land in 8
+            // different 16-byte chunks), then one thread hands the atoms to the TMA.
+            const int wtid = tid & 127;
+            const unsigned mine = staging + cw * (64 * BN * 2);
+            if (wtid == 0) bulk_wait_read<0>();  // the previous tile's stores have read the buffer
+            named_bar_sync(1 + cw, 128);
+            const int r = warp * 16 + (lane >> 2);
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int n = n0 + j * 8 + (lane & 3) * 2;
+                unsigned lo, hi;
+                finish(acc + 4 * j, n, N, BIAS_ARG, lo, hi);
+                const unsigned atom = mine + (j >> 3) * (64 * 128), c = j & 7, off = (lane & 3) * 4;
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(atom + r * 128 + ((c ^ (r & 7)) << 4) + off), "r"(lo));
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(atom + (r + 8) * 128 + ((c ^ ((r + 8) & 7)) << 4) + off),
+                             "r"(hi));
+            }
+            fence_proxy_async();  // the writes, visible to the TMA's (async) proxy ...
+            named_bar_sync(1 + cw, 128);  // ... from every thread of the warpgroup
+            if (wtid == 0) {
+#pragma unroll
+                for (int a = 0; a < BN / 64; ++a) tma_store_2d(&tc, mine + a * (64 * 128), n0 + a * 64, m0 + cw * 64);
+                bulk_commit();
+            }
+#else
             // Epilogue from registers: accumulator i of a thread is row 16 * warp + lane / 4
             // (+8 for i % 4 >= 2) of its warpgroup's 64, column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
             const int r = m0 + cw * 64 + warp * 16 + (lane >> 2), c = n0 + (lane & 3) * 2;
@@ -145,18 +204,8 @@ hgemm_tma(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMa
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int n = c + j * 8;
-                float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-#if BIAS
-                const float b0v = bias16(bias, n, N), b1v = bias16(bias, n + 1, N);
-                v[0] += b0v; v[1] += b1v; v[2] += b0v; v[3] += b1v;
-#endif
-#pragma unroll
-                for (int q = 0; q < 4; ++q) v[q] = activate<ACT>(v[q]);
-#if BF16
-                const unsigned lo = pack_bf16x2(v[0], v[1]), hi = pack_bf16x2(v[2], v[3]);
-#else
-                const unsigned lo = pack_f16x2(v[0], v[1]), hi = pack_f16x2(v[2], v[3]);
-#endif
+                unsigned lo, hi;
+                finish(acc + 4 * j, n, N, BIAS_ARG, lo, hi);
                 if (n >= N) continue;
                 if (pair) {  // n even and N even: n + 1 < N too
                     if (r < M) *reinterpret_cast<unsigned*>(c0 + n) = lo;
@@ -166,7 +215,11 @@ hgemm_tma(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMa
                     if (r + 8 < M) { c8[n] = (bits16)hi; if (n + 1 < N) c8[n + 1] = (bits16)(hi >> 16); }
                 }
             }
+#endif
         }
+#if STORE_TMA
+        if ((tid & 127) == 0) bulk_wait<0>();  // the last stores complete before the block ends
+#endif
     }
 #else
     __trap();  // built for a target without wgmma / TMA: matmul.py never launches this

@@ -185,7 +185,7 @@ def test_cuda_linear_table_supports_and_costs_read_the_provider():
 
     table = {k.name: k for k in linear.kernels()}
     assert {"cupy.linear.cublas", "cupy.linear.cublaslt", "cupy.linear.simt", "cupy.linear.simt_generic",
-            "cupy.linear.mma", "cupy.linear.mma_generic", "cupy.linear.wgmma"} == set(table)
+            "cupy.linear.mma", "cupy.linear.mma_generic", "cupy.linear.wgmma", "cupy.linear.tma"} == set(table)
     assert table["cupy.linear.cublas"].vendor and table["cupy.linear.cublaslt"].vendor
     assert all(k.prepare is not None and k.run is None for k in table.values())
     for dtype in ("float32", "float16"):
@@ -193,8 +193,9 @@ def test_cuda_linear_table_supports_and_costs_read_the_provider():
         g = linear.as_matmul(p)  # weight (N, K) row-major is B (K x N) k-contiguous: no copy
         assert g.shapes == ((4096, 4096), (4096, 4096)) and g.strides[1] == (1, 4096)
         for k in table.values():
-            if dtype not in k.dtypes or k.name in ("cupy.linear.wgmma", "cupy.linear.cublaslt", "cupy.linear.cublas"):
-                continue  # wgmma asks CuPy for the arch; the vendors' supports probe their libraries
+            if dtype not in k.dtypes or k.name in ("cupy.linear.wgmma", "cupy.linear.tma", "cupy.linear.cublaslt",
+                                                   "cupy.linear.cublas"):
+                continue  # wgmma / tma ask CuPy for the arch; the vendors' supports probe their libraries
             if k.supports(p):
                 costs = [k.estimate(p, c) for c in k.candidates(p)]
                 assert costs and all(0 < c < 1 for c in costs) and costs == sorted(costs), k.name
@@ -224,7 +225,7 @@ def test_cuda_epilogue_variants_are_listed_for_ci():
 
     variants = linear.build_variants()
     assert {d["ACT"] for f, d in variants if f == "linear.cu"} == {0, 1, 2, 3, 4}
-    for f in ("matmul_sgemm.cu", "matmul_hgemm.cu", "matmul_wgmma.cu"):
+    for f in ("matmul_sgemm.cu", "matmul_hgemm.cu", "matmul_wgmma.cu", "matmul_tma.cu"):
         assert {d.get("ACT") for g, d in variants if g == f and d.get("BIAS")} >= {1, 3}, f
     conv_acts = {(f, d.get("ACT")) for f, d in conv.build_variants()}
     for f in ("conv_simt.cu", "conv_mma.cu", "conv_depthwise.cu", "conv_winograd.cu"):
@@ -253,11 +254,13 @@ def _np_dtype(dtype: str):
 
 #: (x, weight, views): odd sizes, edges past every tile, a 1-row x, misaligned and strided operands
 GPU_SHAPES = [((67, 131), (61, 131), None), ((256, 128), (192, 128), None), ((1, 64), (40, 64), None),
+              ((67, 136), (61, 136), None),  # rows of y not 16-byte multiples: tma stores from registers
               ((130, 72), (264, 72), "offset"), ((33, 40), (24, 40), "transposed-x")]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["cublas", "cublaslt", "simt", "simt_generic", "mma", "mma_generic", "wgmma"])
+@pytest.mark.parametrize("name", ["cublas", "cublaslt", "simt", "simt_generic", "mma", "mma_generic", "wgmma",
+                                  "tma"])
 def test_every_cuda_linear_kernel_config_and_activation(cp, rng, name):
     from opruntime_cupy import linear
 

@@ -59,7 +59,7 @@ def test_kernel_table_is_cheap_and_complete():
 
     table = {k.name: k for k in matmul.kernels()}
     assert {"cupy.matmul.cublas", "cupy.matmul.simt", "cupy.matmul.simt_generic", "cupy.matmul.mma",
-            "cupy.matmul.mma_generic", "cupy.matmul.wgmma"} == set(table)
+            "cupy.matmul.mma_generic", "cupy.matmul.wgmma", "cupy.matmul.tma"} == set(table)
     # compiled kernels plan in prepare (the runtime's one launch cache); cuBLAS has nothing to prepare
     assert table["cupy.matmul.cublas"].run is not None and table["cupy.matmul.cublas"].prepare is None
     assert all(k.prepare is not None and k.run is None for n, k in table.items() if n != "cupy.matmul.cublas")
@@ -80,15 +80,16 @@ def test_supports_and_costs_read_the_device_from_the_provider(dtype):
     for sa, sb in (((64, 64), (64, 64)), ((2, 1, 37, 21), (1, 3, 21, 19)), ((4096, 4096), (4096, 4096))):
         p = host_problem(sa, sb, dtype)
         for k in matmul.kernels():
-            if dtype not in k.dtypes or k.name == "cupy.matmul.wgmma":  # wgmma asks CuPy for the arch
-                continue
+            if dtype not in k.dtypes or k.name in ("cupy.matmul.wgmma", "cupy.matmul.tma"):
+                continue  # wgmma and tma ask CuPy for the arch
             if k.name == "cupy.matmul.cublas" or k.supports(p):
                 costs = [k.estimate(p, c) for c in k.candidates(p)]
                 assert costs and all(0 < c < 1 for c in costs), (k.name, p)
                 assert costs == sorted(costs), k.name  # config_for ranks by cost
-        wg = next(k for k in matmul.kernels() if k.name == "cupy.matmul.wgmma")
-        if dtype != "float32":
-            assert 0 < wg.estimate(p, wg.configs[0]) < 1
+        for name in ("cupy.matmul.wgmma", "cupy.matmul.tma"):
+            wg = next(k for k in matmul.kernels() if k.name == name)
+            if dtype != "float32":
+                assert 0 < wg.estimate(p, wg.configs[0]) < 1
     big = host_problem((4096, 4096), (4096, 4096), "float32")
     simt = next(k for k in matmul.kernels() if k.name == "cupy.matmul.simt")
     assert simt.estimate(big, simt.configs[0]) > 2 * 4096**3 / StandInProvider().figures()[0]  # under the peak
@@ -196,6 +197,8 @@ def configs(name: str) -> list:
 
     if "wgmma" in name:
         return list(matmul.WGMMA_CONFIGS)
+    if "tma" in name:
+        return list(matmul.TMA_CONFIGS)
     return list(matmul.SIMT_CONFIGS if "simt" in name else matmul.MMA_CONFIGS)
 
 
@@ -210,11 +213,11 @@ FAMILIES = [("cupy.matmul.simt", "float32"), ("cupy.matmul.simt_generic", "float
 
 
 def skip_unless_hopper(cp, name: str) -> None:
-    if "wgmma" in name:
+    if "wgmma" in name or "tma" in name:
         from opruntime_cupy import compile
 
         if compile.arch_of(0) != "90":
-            pytest.skip(f"wgmma needs an sm_90 device (this one: sm_{compile.arch_of(0)})")
+            pytest.skip(f"{name} needs an sm_90 device (this one: sm_{compile.arch_of(0)})")
 CASES = [  # (batch shape of a, batch of b, M, K, N): odd sizes, size 1, batches and broadcasts
     ((), (), 1, 8, 8), ((), (), 8, 8, 1), ((), (), 136, 72, 200), ((), (), 257, 264, 136),
     ((3,), (3,), 64, 40, 72), ((2, 1), (1, 3), 40, 24, 48), ((5,), (), 16, 32, 8),
@@ -297,6 +300,32 @@ def test_wgmma_layouts_and_misaligned_bases(cp, dtype):
     a, b = randn(cp, (64, 64), dtype, rng), randn(cp, (64, 64), dtype, rng)
     assert k.supports(problem_of(a, b)) and k.supports(problem_of(a, b.T))
     assert not k.supports(problem_of(a.T, b))  # an m-contiguous A is the mma kernel's
+
+
+TMA_CASES = [(1, 8, 8), (8, 8, 8), (136, 72, 200), (257, 264, 136), (300, 776, 520), (129, 64, 1032)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tma_every_config_layouts_edges_and_misaligned_bases(cp, dtype):
+    """The TMA kernel on one matrix: both B layouts, edges past every tile (zero-filled loads,
+    clipped stores), rows of C that are not 16-byte multiples (stores from registers), and views
+    whose base is off 16 bytes (the mma kernel's any-stride variant runs them)."""
+    skip_unless_hopper(cp, "tma")
+    rng = np.random.default_rng()
+    k = kernel("cupy.matmul.tma")
+    for cfg in configs("cupy.matmul.tma"):
+        for m, kk, n in TMA_CASES:
+            a = randn(cp, (m, kk), dtype, rng)
+            check_kernel(cp, k, cfg, a, randn(cp, (kk, n), dtype, rng), dtype)
+            check_kernel(cp, k, cfg, a, randn(cp, (n + 3, kk), dtype, rng).T, dtype)
+    for m, kk, n in ((64, 64, 128), (200, 136, 264)):
+        for _label, a, b in _views(cp, dtype, rng, m, kk, n):
+            if k.supports(problem_of(a, b)):
+                check_kernel(cp, k, configs("cupy.matmul.tma")[0], a, b, dtype)
+    a, b = randn(cp, (3, 64, 64), dtype, rng), randn(cp, (3, 64, 64), dtype, rng)
+    assert "batch" in k.supports(problem_of(a, b))  # a Refusal: the wgmma kernel takes batches
+    assert not k.supports(problem_of(a[0].T, b[0]))
 
 
 @pytest.mark.gpu
