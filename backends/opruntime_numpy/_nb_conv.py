@@ -901,31 +901,32 @@ def wino2(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
 
 @njit(**OPTIONS)
 def wino4(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
-    """Winograd F(4x4, 3x3), tasks ``first:last`` of its stages (``tile`` is 4), as :func:`wino2`
-    on 6 x 6 input tiles 4 apart:
+    """Winograd F(4x4, 3x3) on 6 x 6 input tiles 4 apart (``tile`` is 4), tasks ``first:last``,
+    with its transforms and GEMMs *fused* per block of tiles: F(2x2)'s stages pass v and m through
+    memory (a 64 x 1568 x 64 GEMM streaming its operands ran 56 GFLOP/s on one core here, 64 x 112
+    x 64 from L2 159), so here a task computes a block of tiles from input to output in a working
+    set sized for L2:
 
-    * tasks ``[0, N C)``: ``v[k, c, tile] = (B^T d B)[k]`` for the input tiles of (image,
-      channel): per row of tiles the six input rows (the map's part copied, the padding zeroed)
-      are combined down the columns at once (B^T d over the whole row), then across each tile's
-      six columns, written to the 36 planes of ``v`` run by run (tw tiles);
-    * ``[N C, N C + O)``: ``u[o, k, c] = (G g G^T)[k]`` for the filters of output channel o, in
-      float64, filter by filter, by multiplications with the reciprocals (divisions took 26-40 ns
-      a filter, 10 ms on 512 x 512 filters; vectorized down rows of C values, 21-23 ns; this way
-      16-17 ns on 128-256 channels: 0.27 ms on 128 x 128, 1.0 ms on 256 x 256);
-    * the next ``36 ceil(O / mb)``: the GEMMs (:func:`_wino_gemm`);
-    * the next ``N O``: each tile's 4 x 4 outputs ``A^T m A``, a row of tiles at a time, cut to
-      the map, then the bias and activation (:data:`FUSED`).
+    * tasks ``[0, O)``: ``u[o, k, c] = (G g G^T)[k]`` for the filters of output channel o, into
+      ``u`` (O, 36, C) at the start of the flat scratch ``s`` (then ``ab`` = [1, 0], the GEMMs'
+      scalars), in float64, filter by filter, by multiplications with the reciprocals (divisions
+      took 26-40 ns a filter, 10 ms on 512 x 512 filters; vectorized down rows of C values, 21-23
+      ns; this way 16-17 ns on 128-256 channels: 0.27 ms on 128 x 128, 1.0 ms on 256 x 256);
+    * ``[O, O + N ceil(th / mb))``: (image, block of ``mb`` rows of tiles, T_b tiles): the block's
+      ``v`` (36, C, T_b) ``= B^T d B`` per tile, per channel (per row of tiles the six input rows,
+      the map's part copied and the padding zeroed, combined down the columns at once, then across
+      each tile's six columns); then 36 GEMMs ``m[k] = u[:, k] @ v[k]`` (O x T_b, BLAS in this
+      thread, ``u[:, k]`` read through its leading dimension 36 C); then per output channel each
+      tile's 4 x 4 outputs ``A^T m A``, cut to the map, with the bias and activation
+      (:data:`FUSED`). ``v`` and ``m`` are this call's buffers, reused by its tasks.
 
     The transforms' products are in the operands' dtype (constants of it: no float64 products)."""
     n_img, c_in, h, wd = x.shape
     o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
     th, tw = (ho + 3) // 4, (wo + 3) // 4
-    tiles = n_img * th * tw
-    u0 = 36 * c_in * tiles
-    m0 = u0 + 36 * o_out * c_in
-    n_in = n_img * c_in
-    n_w = n_in + o_out
-    n_g = n_w + 36 * ((o_out + mb - 1) // mb)
+    nblk = (th + mb - 1) // mb
+    tb = min(mb, th) * tw  # tiles of a block at most
+    ab0 = 36 * o_out * c_in
     has_bias = bias.shape[0] > 0
     dt = out.dtype
     c2, c4, c5, c8 = dt.type(2.0), dt.type(4.0), dt.type(5.0), dt.type(8.0)
@@ -937,16 +938,46 @@ def wino4(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
     sc = np.empty((24, tw), dt)  # A^T m: row i of each tile at column j in sc[6 i + j]
     rw = np.empty(4 * tw, dt)  # one output row of the tiles, cut to Wo when copied out
     floor = dt.type(0.0) if code == 2 else dt.type(-np.inf)  # ReLU's, or none (-inf stays -inf)
+    v = np.empty(36 * c_in * tb if first < last and last > o_out else 0, dt)  # (36, C, T_b)
+    m = np.empty(36 * o_out * tb if first < last and last > o_out else 0, dt)  # (36, O, T_b)
     for t in range(first, last):
-        if t < n_in:  # the input tiles of (image, channel)
-            n = t // c_in
-            c = t - n * c_in
+        if t < o_out:  # the filters of output channel o
+            o = t
+            uo = o * 36 * c_in
+            for c in range(c_in):
+                f = (o * c_in + c) * 9  # the filter's 3 x 3 values in the flat w
+                for j in range(3):  # G g, column j: g0 / 4, -(g0 + g1 + g2) / 6, -(g0 - g1 + g2) / 6, ..., g2
+                    a, b, d = np.float64(w[f + j]), np.float64(w[f + 3 + j]), np.float64(w[f + 6 + j])
+                    e = a + d
+                    gt[j] = q4 * a
+                    gt[3 + j] = -q6 * (e + b)
+                    gt[6 + j] = -q6 * (e - b)
+                    gt[9 + j] = q24 * a + q12 * b + q6 * d
+                    gt[12 + j] = q24 * a - q12 * b + q6 * d
+                    gt[15 + j] = d
+                for k in range(6):  # (G g) G^T, row k of G g into u's rows 6 k .. 6 k + 5
+                    a, b, d = gt[3 * k], gt[3 * k + 1], gt[3 * k + 2]
+                    e = a + d
+                    r = uo + 6 * k * c_in + c
+                    s[r] = q4 * a
+                    s[r + c_in] = -q6 * (e + b)
+                    s[r + 2 * c_in] = -q6 * (e - b)
+                    s[r + 3 * c_in] = q24 * a + q12 * b + q6 * d
+                    s[r + 4 * c_in] = q24 * a - q12 * b + q6 * d
+                    s[r + 5 * c_in] = d
+            continue
+        r = t - o_out  # (image, block of rows of tiles)
+        n = r // nblk
+        ty0 = (r - n * nblk) * mb
+        nty = min(mb, th - ty0)
+        nt = nty * tw  # this block's tiles
+        step = c_in * nt  # from one tile position's plane of v to the next
+        for c in range(c_in):  # the input tiles, channel by channel
             xc = x[n, c]
-            step = c_in * tiles  # from one tile position's plane of v to the next
-            for ty in range(th):
-                for r in range(6):
-                    iy = 4 * ty + r - pt
-                    row = rows[r]
+            for ty in range(ty0, ty0 + nty):
+                for rr in range(6):
+                    iy = 4 * ty + rr - pt
+                    row = rows[rr]
                     if 0 <= iy < h:
                         src = xc[iy]
                         for q in range(lo):
@@ -970,7 +1001,7 @@ def wino4(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
                     rows[9, q] = cc + dd
                     rows[10, q] = cc - dd
                     rows[11, q] = c4 * d1 - c5 * d3 + d5
-                base = c * tiles + (n * th + ty) * tw
+                base = c * nt + (ty - ty0) * tw
                 for i in range(6):  # (B^T d) B: the columns of each tile, into planes 6 i .. 6 i + 5 of v
                     ti = rows[6 + i]
                     dst = 6 * i * step + base
@@ -981,54 +1012,27 @@ def wino4(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
                         b = d3 - c4 * d1
                         cc = d4 - d2
                         dd = c2 * (d3 - d1)
-                        s[dst + tx] = c4 * d0 - c5 * d2 + d4
-                        s[dst + step + tx] = a + b
-                        s[dst + 2 * step + tx] = a - b
-                        s[dst + 3 * step + tx] = cc + dd
-                        s[dst + 4 * step + tx] = cc - dd
-                        s[dst + 5 * step + tx] = c4 * d1 - c5 * d3 + d5
-        elif t < n_w:  # the filters of output channel o
-            o = t - n_in
-            uo = u0 + o * 36 * c_in
-            for c in range(c_in):
-                f = (o * c_in + c) * 9  # the filter's 3 x 3 values in the flat w
-                for j in range(3):  # G g, column j: g0 / 4, -(g0 + g1 + g2) / 6, -(g0 - g1 + g2) / 6, ..., g2
-                    a, b, d = np.float64(w[f + j]), np.float64(w[f + 3 + j]), np.float64(w[f + 6 + j])
-                    e = a + d
-                    gt[j] = q4 * a
-                    gt[3 + j] = -q6 * (e + b)
-                    gt[6 + j] = -q6 * (e - b)
-                    gt[9 + j] = q24 * a + q12 * b + q6 * d
-                    gt[12 + j] = q24 * a - q12 * b + q6 * d
-                    gt[15 + j] = d
-                for k in range(6):  # (G g) G^T, row k of G g into u's rows 6 k .. 6 k + 5
-                    a, b, d = gt[3 * k], gt[3 * k + 1], gt[3 * k + 2]
-                    e = a + d
-                    r = uo + 6 * k * c_in + c
-                    s[r] = q4 * a
-                    s[r + c_in] = -q6 * (e + b)
-                    s[r + 2 * c_in] = -q6 * (e - b)
-                    s[r + 3 * c_in] = q24 * a + q12 * b + q6 * d
-                    s[r + 4 * c_in] = q24 * a - q12 * b + q6 * d
-                    s[r + 5 * c_in] = d
-        elif t < n_g:
-            _wino_gemm(s, t - n_w, c_in, o_out, tiles, 36, mb)
-        else:  # the output tiles of (image, output channel)
-            r = t - n_g
-            n = r // o_out
-            o = r - n * o_out
-            step = o_out * tiles  # from one tile position's plane of m to the next
+                        v[dst + tx] = c4 * d0 - c5 * d2 + d4
+                        v[dst + step + tx] = a + b
+                        v[dst + 2 * step + tx] = a - b
+                        v[dst + 3 * step + tx] = cc + dd
+                        v[dst + 4 * step + tx] = cc - dd
+                        v[dst + 5 * step + tx] = c4 * d1 - c5 * d3 + d5
+        for k in range(36):  # m[k] (O x nt) = u[:, k] (O x C, leading dimension 36 C) @ v[k] (C x nt)
+            _gemm(s, k * c_in, 36 * c_in, v, k * step, nt, m, k * o_out * nt, nt, o_out, nt, c_in, s[ab0:ab0 + 2])
+        mstep = o_out * nt  # from one tile position's plane of m to the next
+        for o in range(o_out):  # the output tiles, channel by channel
             bv = bias[o] if has_bias else dt.type(0.0)
-            for ty in range(th):
-                base = m0 + o * tiles + (n * th + ty) * tw
+            for ty in range(ty0, ty0 + nty):
+                base = o * nt + (ty - ty0) * tw
                 for j in range(6):  # A^T m: the four rows of each tile, per column j
-                    src = base + j * step
-                    r0 = s[src:src + tw]
-                    r1 = s[src + 6 * step:src + 6 * step + tw]
-                    r2 = s[src + 12 * step:src + 12 * step + tw]
-                    r3 = s[src + 18 * step:src + 18 * step + tw]
-                    r4 = s[src + 24 * step:src + 24 * step + tw]
-                    r5 = s[src + 30 * step:src + 30 * step + tw]
+                    src = base + j * mstep
+                    r0 = m[src:src + tw]
+                    r1 = m[src + 6 * mstep:src + 6 * mstep + tw]
+                    r2 = m[src + 12 * mstep:src + 12 * mstep + tw]
+                    r3 = m[src + 18 * mstep:src + 18 * mstep + tw]
+                    r4 = m[src + 24 * mstep:src + 24 * mstep + tw]
+                    r5 = m[src + 30 * mstep:src + 30 * mstep + tw]
                     for tx in range(tw):
                         a, b = r1[tx] + r2[tx], r1[tx] - r2[tx]
                         cc, dd = r3[tx] + r4[tx], r3[tx] - r4[tx]
@@ -1048,8 +1052,8 @@ def wino4(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
                         rw[4 * tx + 3] = b + c8 * dd + e5
                     row = out[n, o, 4 * ty + i]
                     for q in range(wo):  # the bias and ReLU as act_row's (NaN kept), in the same pass
-                        v = rw[q] + bv
-                        row[q] = floor if v < floor else v
+                        vq = rw[q] + bv
+                        row[q] = floor if vq < floor else vq
 
 
 @njit(**OPTIONS)

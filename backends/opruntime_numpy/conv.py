@@ -739,16 +739,32 @@ def is_winograd(problem: Problem) -> bool | Refusal:
     return True
 
 
-#: output channels per GEMM block of ``numpy.conv2d.numba_winograd`` and its tile (``tile``: 2 for
-#: F(2x2, 3x3), 4 for F(4x4, 3x3)) the tuner tries; the cost model picks among them
+#: ``numpy.conv2d.numba_winograd``'s configs the tuner tries; the cost model picks among them. F(2x2,
+#: 3x3) (``tile`` 2): output channels per GEMM block (``channels``); F(4x4, 3x3) (``tile`` 4, fused
+#: per block of tiles, :func:`._nb_conv.wino4`): the bytes of a block's v and m (``block_bytes``)
 NUMBA_WINOGRAD_CONFIGS = ({"channels": 128, "tile": 2}, {"channels": 64, "tile": 2}, {"channels": 256, "tile": 2},
-                          {"channels": 128, "tile": 4}, {"channels": 64, "tile": 4}, {"channels": 256, "tile": 4})
+                          {"tile": 4, "block_bytes": 2 << 20}, {"tile": 4, "block_bytes": 1 << 20},
+                          {"tile": 4, "block_bytes": 4 << 20})
 
 
 def _wino_config(config: Any) -> tuple[int, int]:
     """(channels per GEMM block, tile) of a ``numba_winograd`` config (tile 2 where it names none)."""
     cfg = config or NUMBA_WINOGRAD_CONFIGS[0]
-    return cfg["channels"], cfg.get("tile", 2)
+    return cfg.get("channels", 0), cfg.get("tile", 2)
+
+
+def _wino4_rows(problem: Problem, config: Any) -> tuple[int, int]:
+    """(rows of tiles per block, blocks per image) of F(4x4): a block's v (36, C, T_b) and m (36, O,
+    T_b) within ``block_bytes``, cut finer where the batch gives the threads fewer than two blocks
+    each."""
+    _, c, _, _ = problem.shapes[0]
+    o = problem.shapes[1][0]
+    th, tw = _tiles(problem, 4)
+    budget = (config or {}).get("block_bytes", 2 << 20)
+    rows = max(1, budget // (36 * (c + o) * itemsize(problem.dtype) * tw))
+    want = -(-2 * jit.threads() // max(1, problem.out_shape[0]))  # blocks per image for two a thread
+    rows = max(1, min(rows, th, -(-th // want)))
+    return rows, -(-th // rows)
 
 
 def _tiles(problem: Problem, tile: int = 2) -> tuple[int, int]:
@@ -774,11 +790,19 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
     tiles = n * th * tw
     npos = (tile + 2) ** 2
     dt = compute_dtype(problem.dtype)
-    blocks = npos * -(-o // mb)
-    # the stages' three groups of tasks (one loop, _nb_conv.wino2 / wino4): the input tiles and the
-    # filters, the GEMMs, the output tiles; each group's offset in the loop's task numbers
-    groups = ((0, n * c + o), (n * c + o, blocks), (n * c + o + blocks, n * o))
+    if tile == 2:
+        # the stages' three groups of tasks (_nb_conv.wino2): the input tiles and the filters, the
+        # GEMMs, the output tiles; each group's offset in the loop's task numbers
+        blocks = npos * -(-o // mb)
+        groups = ((0, n * c + o), (n * c + o, blocks), (n * c + o + blocks, n * o))
+        size = npos * (c * tiles + o * c + o * tiles) + 2
+    else:
+        # two groups (_nb_conv.wino4): the filters, then the fused blocks of rows of tiles
+        mb, nblk = _wino4_rows(problem, config)
+        groups = ((0, o), (o, n * nblk))
+        size = npos * o * c + 2
     pieces = [_pieces(tasks, problem) for _, tasks in groups]
+    blas = 1 if tile == 2 else len(groups) - 1  # the group of tasks that calls BLAS
     loop = nb.wino2 if tile == 2 else nb.wino4
 
     @np.errstate(over="ignore", invalid="ignore")
@@ -788,50 +812,67 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
         out = buffers.empty(problem.out_shape, dt)
         if out.size:
             # scratch from the pool too: fresh mappings of tens of MB fault in page by page
-            # v (P, C, T), u (O, P, C), m (P, O, T) and the GEMMs' [1, 0] in one flat scratch
-            # (_nb_conv.WINO_LAYOUT): the stages' parallel wrapper takes few arguments
-            s = buffers.empty((npos * (c * tiles + o * c + o * tiles) + 2,), dt)
+            # F(2x2): v (P, C, T), u (O, P, C), m (P, O, T) and the GEMMs' [1, 0] in one flat
+            # scratch (_nb_conv.WINO_LAYOUT): the stages' parallel wrapper takes few arguments;
+            # F(4x4): u (O, 36, C) and [1, 0]
+            s = buffers.empty((size,), dt)
             s[-2:] = (1, 0)
             args = (x, np.ascontiguousarray(w, dt).reshape(-1), b, out, s, pt, pl, mb, tile, fused)
             fn = nb.task(loop, *args)
-            run_dynamic(nb.par_wino, fn, *args, *groups[0], pieces[0])
-            with _blas.one_thread():
-                run_dynamic(nb.par_wino, fn, *args, *groups[1], pieces[1])
-            run_dynamic(nb.par_wino, fn, *args, *groups[2], pieces[2])
+            for i, ((off, tasks), p) in enumerate(zip(groups, pieces)):
+                if i == blas:
+                    with _blas.one_thread():
+                        run_dynamic(nb.par_wino, fn, *args, off, tasks, p)
+                else:
+                    run_dynamic(nb.par_wino, fn, *args, off, tasks, p)
             _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use("numpy.conv2d.numba_winograd", launch)
 
 
-def numba_winograd_cost(problem: Problem, config: Any) -> float:
-    """The P GEMMs (P = 16 for F(2x2, 3x3), 36 for F(4x4, 3x3), on the tiles that cover the
-    output: 2.25x or 4x fewer multiply-adds than direct where the map is a multiple of the tile;
-    slower on few channels: the GEMMs' K is C, their M a block of output channels; and on few
-    tiles, their N), the transforms' passes (the input read and its P tile planes written and
-    read: 4x the input for F(2x2), 2.25x for F(4x4); the same for the output's) and the filters'
-    transform at a third of the copy rate (P values per filter, every call).
+#: F(4x4)'s fused blocks (:func:`._nb_conv.wino4`), fitted on its times at 4-8 x 64 x 56 x 56, 4 x 128 x 28 x 28
+#: and 4 x 256 x 14 x 14 in isolation (within 10 %): the GEMMs' rate on both threads (operands in
+#: L2: 64 x 112 x 64 ran 159 GFLOP/s on one core, against 56 streaming 64 x 1568 x 64), the input
+#: and output transforms per (tile, channel), and the filters' transform per filter
+WINO4_GEMM_RATE, WINO4_TILE_S, WINO4_FILTER_S = 262e9, 11.4e-9, 17e-9
 
-    F(2x2) inside ResNet-50 at batch 4: 3.2 ms on 256 channels at 14 x 14 (numba_gemm 4.2), 3.3
-    on 128 at 28 x 28 (3.6), but 6.7 on 512 at 7 x 7 (numba_im2col 5.4: the filters' 16 MB) and,
-    in isolation, 7.7 on 64 at 8 x 56 x 56 (numba_gemm 7.7). F(4x4) in isolation against F(2x2)
-    (and numba_gemm), alternating call by call: 5.7 ms against 8.9 (8.7) at 8 x 64 x 56 x 56, 3.0
-    against 4.3 (4.2) at 4 x 64 x 56 x 56, 2.8 against 3.4 (3.5) for 128 channels at 28 x 28; it
-    loses on small maps, where the tiles overhang the map (14 -> 16) and the filters' transform,
-    36 values a filter, outweighs the GEMMs: 3.8 against 3.2 for 256 channels at 14 x 14, 9 against
-    6.2 for 512 at 7 x 7. The model ranks the five the same way (estimates 6.8 / 3.5 / 2.7 / 4.7
-    / 13.5 ms for F(4x4), 11.2 / 5.7 / 3.6 / 3.4 / 7.8 for F(2x2))."""
+
+def numba_winograd_cost(problem: Problem, config: Any) -> float:
+    """F(2x2, 3x3) (``tile`` 2): the 16 GEMMs (2.25x fewer multiply-adds than direct on whole
+    tiles; slower on few channels: the GEMMs' K is C, their M a block of output channels; and on
+    few tiles, their N), the transforms' passes through memory (the input read and its 16 tile
+    planes, 4x the input, written and read; the same for the output's) and the filters' transform
+    at a third of the copy rate (16 values per filter, every call). Inside ResNet-50 at batch 4:
+    3.2 ms on 256 channels at 14 x 14 (numba_gemm 4.2), 3.3 on 128 at 28 x 28 (3.6), but 6.7 on
+    512 at 7 x 7 (numba_im2col 5.4: the filters' 16 MB) and, in isolation, 7.7 on 64 at 8 x 56 x 56
+    (numba_gemm 7.7).
+
+    F(4x4, 3x3) (``tile`` 4, fused per block of tiles): the 36 GEMMs on the tiles that cover the
+    output (4x fewer multiply-adds than direct where the map is a multiple of 4) at
+    :data:`WINO4_GEMM_RATE` (slower on blocks of few tiles), the transforms per (tile, channel),
+    the filters per filter, and the transformed filters (36 O C values) read again by every
+    block. In isolation, alternating call by call: 4.7 ms at 8 x 64 x 56 x 56 (F(2x2) 8.9,
+    numba_gemm 8.4), 2.3 at 4 x 64 x 56 x 56 (4.3, 4.2), 2.2 for 128 channels at 28 x 28 (3.4,
+    3.8); it loses on small maps with many channels, where the tiles overhang the map (14 -> 16)
+    and the filters outweigh the GEMMs: 4.1 against 3.3 for 256 channels at 14 x 14, 18 against
+    8 for 512 at 7 x 7 (the model: 4.6 and 14)."""
     o, c = problem.shapes[1][:2]
     mb, tile = _wino_config(config)
     th, tw = _tiles(problem, tile)
     tiles = problem.out_shape[0] * th * tw
-    npos = (tile + 2) ** 2
+    size = itemsize(problem.dtype)
+    if tile == 4:
+        rows, nblk = _wino4_rows(problem, config)
+        rate = WINO4_GEMM_RATE * min(1.0, rows * tw / 64.0) ** 0.25
+        refetch = 36 * o * c * size * problem.out_shape[0] * nblk / PASS_BYTES
+        return 2.0 * 36 * o * c * tiles / rate + (c + o) * tiles * WINO4_TILE_S + o * c * WINO4_FILTER_S \
+            + refetch + 4e-5
     mb = min(o, mb)
     rate = BLOCK_GEMM_PEAK * min(1.0, mb / 256.0) ** 0.25 * min(1.0, c / 256.0) ** 0.3 * min(1.0, tiles / 256.0) ** 0.25
-    size = itemsize(problem.dtype)
-    moved = (math.prod(problem.shapes[0]) + 2 * npos * c * tiles + 2 * npos * o * tiles) * size
-    filters = 2 * npos * o * c * size / (PASS_BYTES / 3)
-    return 2.0 * npos * o * c * tiles / rate + moved / PASS_BYTES + filters + _out_bytes(problem) / PASS_BYTES + 4e-5
+    moved = (math.prod(problem.shapes[0]) + 2 * 16 * c * tiles + 2 * 16 * o * tiles) * size
+    filters = 2 * 16 * o * c * size / (PASS_BYTES / 3)
+    return 2.0 * 16 * o * c * tiles / rate + moved / PASS_BYTES + filters + _out_bytes(problem) / PASS_BYTES + 4e-5
 
 
 def numba_depthwise_cost(problem: Problem, config: Any) -> float:
