@@ -748,27 +748,28 @@ def batch_gemm(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, m
 # Infinite or NaN inputs give NaN over a whole tile's outputs (inf - inf, or 0 * inf, in the
 # transforms) where the direct sum may be +-inf, as any Winograd's, the CUDA backend's too.
 #
-# **One loop per tile size.** All of a tile size's stages are one loop (:func:`wino2`,
-# :func:`wino4`) over one range of task numbers, stage after stage: the input tiles (one task per
-# (image, channel)) and the filters (one per output channel), then the GEMMs (one per (tile
-# position, block of ``mb`` output channels)), then the output tiles (one per (image, output
-# channel)). The launcher runs the three groups one after the other, each through the parallel
-# wrapper with its offset in the task numbers. A first use compiles one loop and one wrapper: as
-# four loops (a stage each) F(4x4)'s compiled in 2.22 s, each loop's fixed cost (numba's typing and
-# lowering of a function, its LLVM module, the first-class wrapper, the cache entry) four times.
+# **One loop per tile size.** All of a tile size's stages are one loop (:func:`wino2`, :func:`wino4`)
+# over one range of task numbers, stage after stage, which the launcher runs in groups one after the
+# other, each through the parallel wrapper with its offset in the task numbers. F(2x2)'s stages pass
+# their intermediates through memory (three groups: the input tiles and the filters; the GEMMs; the
+# output tiles); F(4x4)'s transform the filters, then run each block of tiles from input to output
+# with its intermediates in L2 (two groups; :func:`wino4`). A first use compiles one loop and one
+# wrapper: as four loops (a stage each) F(4x4)'s compiled in 2.22 s, each loop's fixed cost (numba's
+# typing and lowering of a function, its LLVM module, the first-class wrapper, the cache entry)
+# four times.
 
-#: The stages' flat scratch ``s`` (T = N * th * tw tiles, th = ceil(Ho / m), tw = ceil(Wo / m) for
-#: m x m outputs a tile, P = (m + 2)^2 tile positions): ``v`` (P, C, T) from 0, ``u`` (O, P, C) from
-#: P C T, ``m`` (P, O, T) from P C T + P O C, then ``ab`` = [1, 0] (the GEMMs' scalars, set by the
-#: launcher). ``u`` is (O, P, C), not (P, O, C): an output channel's P rows are then neighbours, where
-#: 16 rows O * C apart (256 KB on 256 channels) fall into the same cache sets (3.1 ms against 0.5 on
-#: 256 x 256 filters).
+#: F(2x2)'s flat scratch ``s`` (T = N * th * tw tiles, th = ceil(Ho / 2), tw = ceil(Wo / 2), P = 16
+#: tile positions): ``v`` (P, C, T) from 0, ``u`` (O, P, C) from P C T, ``m`` (P, O, T) from P C T +
+#: P O C, then ``ab`` = [1, 0] (the GEMMs' scalars, set by the launcher); F(4x4)'s is ``u`` (O, 36,
+#: C) and ``ab``. ``u`` is (O, P, C), not (P, O, C): an output channel's P rows are then neighbours,
+#: where 16 rows O * C apart (256 KB on 256 channels) fall into the same cache sets (3.1 ms against
+#: 0.5 on 256 x 256 filters).
 WINO_LAYOUT = ("v (P, C, T)", "u (O, P, C)", "m (P, O, T)", "ab (2,)")
 
 
 @njit(inline="always", **OPTIONS)
 def _wino_gemm(s, t, c_in, o_out, tiles, npos, mb):
-    """GEMM task ``t`` of either tile size: ``m[k, block] = u[block, k] @ v[k]`` for tile position
+    """GEMM task ``t`` of F(2x2)'s stages (``npos`` 16): ``m[k, block] = u[block, k] @ v[k]`` for tile position
     k and the ``t``-th block of ``mb`` output channels, one BLAS call (``u[block, k]`` read through
     its leading dimension P C), all three in the scratch ``s`` (:data:`WINO_LAYOUT`)."""
     u0 = npos * c_in * tiles

@@ -25,7 +25,7 @@ for a core), each task's BLAS call in its own thread (scipy's OpenBLAS held to o
 * ``numpy.conv2d.numba_batch``: the whole batch's columns, then one GEMM per block of output
   channels over every position (the weights packed once: 1x1 convs with large weights on 7 x 7);
 * ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3) or F(4x4, 3x3) (config ``tile``), 16 or 36
-  GEMMs on transformed tiles.
+  GEMMs on transformed tiles (F(4x4)'s fused per block of tiles, in cache).
 
 The cost models (fitted on ResNet-50's layers at batch 4, inside the model) choose per shape; the
 NumPy BLAS paths are charged :data:`BLAS_THREADS_PENALTY` for the spinning threads they leave.
@@ -774,11 +774,13 @@ def _tiles(problem: Problem, tile: int = 2) -> tuple[int, int]:
 
 def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.conv2d.numba_winograd``: Winograd F(2x2, 3x3) or, with config
-    ``tile=4``, F(4x4, 3x3) (:mod:`._nb_conv`): the input tiles and the filters transformed in
-    parallel, P GEMMs (16 or 36: per tile position, per block of output channels) spread over
-    numba's threads with BLAS in each, then the output tiles with the bias and activation. Each
-    tile size is one loop (:func:`._nb_conv.wino2`, :func:`._nb_conv.wino4`: compiled on its
-    first use only) run in three groups of tasks by one parallel wrapper."""
+    ``tile=4``, F(4x4, 3x3) (:mod:`._nb_conv`). F(2x2): the input tiles and the filters
+    transformed in parallel, 16 GEMMs (per tile position, per block of output channels) spread
+    over numba's threads with BLAS in each, then the output tiles with the bias and activation.
+    F(4x4): the filters transformed, then blocks of rows of tiles (:func:`_wino4_rows`) spread
+    over the threads, each from input to output in cache (its transforms, 36 GEMMs, the bias and
+    activation). Each tile size is one loop (:func:`._nb_conv.wino2`, :func:`._nb_conv.wino4`:
+    compiled on its first use only) run in groups of tasks by one parallel wrapper."""
     from . import _blas
 
     nb, code, fused = _loops(problem)
