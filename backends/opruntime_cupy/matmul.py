@@ -114,12 +114,15 @@ def supports_wgmma(problem: Problem) -> bool:
 
 
 def supports_tma(problem: Problem) -> bool | Refusal:
-    """One matrix (no batch), A k-contiguous, 16-byte rows for the tensor maps, k > 0, Hopper."""
+    """One matrix (no batch), A k-contiguous, rows of 16-byte multiples stepping forward (the tensor
+    maps), no empty dim, Hopper."""
     g = _fits(problem, 8)
     if g is None or not (g.vec_a and g.a_kcontig and g.vec_b):
         return Refusal("operands the tensor maps cannot describe (A k-contiguous, rows of 16 bytes)")
     if g.batch != 1:
         return Refusal("a batch of matrices (the wgmma kernel's)")
+    if g.sam <= 0 or (g.sbk if g.b_ncontig else g.sbn) <= 0:
+        return Refusal("a reversed operand (tensor maps step forward)")
     if min(g.M, g.N, g.K) == 0:
         return Refusal("an empty dim")
     return compile.arch_of(problem.device.provider.index) == "90"
