@@ -265,15 +265,18 @@ class FastLaunch:
         launch(x.data.ptr, y.data.ptr)
 
     The pointers come first in the kernel's parameter list, then ``scalars`` in order, each a
-    ``ctypes`` value of the parameter's exact C type. A lock keeps two threads from interleaving
-    their writes to the block (the driver copies the block when the launch is queued).
+    ``ctypes`` value of the parameter's exact C type. ``patches``: words of scalar arguments that a
+    call rewrites after its pointers, each (index in ``scalars``, index of the word in that ctypes
+    array): the address inside a tensor map, ``launch(c.data.ptr, a.data.ptr, b.data.ptr)``. A lock
+    keeps two threads from interleaving their writes to the block (the driver copies the block
+    when the launch is queued).
     """
 
     __slots__ = ("_address", "_args", "_block", "_func", "_function", "_grid", "_launch", "_lock", "_params",
-                 "_pointers", "_shared", "_stream")
+                 "_patches", "_pointers", "_shared", "_stream")
 
     def __init__(self, kernel: Any, grid: Sequence[int], block: Sequence[int], *, pointers: int,
-                 scalars: Sequence[Any] = (), shared_mem: int = 0) -> None:
+                 scalars: Sequence[Any] = (), shared_mem: int = 0, patches: Sequence[tuple[int, int]] = ()) -> None:
         import ctypes
 
         import cupy
@@ -289,6 +292,7 @@ class FastLaunch:
         self._shared = shared_mem
         self._pointers = [ctypes.c_void_p(0) for _ in range(pointers)]
         self._args = [*self._pointers, *scalars]  # kept alive: the block points at them
+        self._patches = [(scalars[i], w) for i, w in patches]
         self._params = (ctypes.c_void_p * len(self._args))(*(ctypes.addressof(a) for a in self._args))
         self._address = ctypes.addressof(self._params)
         self._launch = driver.launchKernel
@@ -300,5 +304,8 @@ class FastLaunch:
         with self._lock:
             for slot, p in zip(self._pointers, pointers):
                 slot.value = p
+            if self._patches:
+                for (arr, w), p in zip(self._patches, pointers[len(self._pointers):]):
+                    arr[w] = p
             self._launch(self._func, gx, gy, gz, bx, by, bz, self._shared, self._stream().ptr,
                          self._address, 0)

@@ -255,8 +255,12 @@ def launcher(family: str, problem: Problem, config: Mapping[str, Any], generic: 
 def _tma_launcher(problem: Problem, config: Mapping[str, Any], fallback: Mapping[str, Any] | None,
                   epilogue: Mapping[str, int] | None, label: str) -> Callable[..., Any]:
     """``launch(a, b, bias=None) -> out`` for ``matmul_tma.cu``: each call passes the tensor maps of
-    its A, B and C (:class:`tma.TileMaps`: the address written into a map encoded once). A base off
-    16 bytes (a view's offset) runs the ``mma`` kernel's any-stride variant instead."""
+    its A, B and C. Where the maps take an address patch (:class:`tma.TileMaps`), the launch is a
+    :class:`compile.FastLaunch` whose call writes the three addresses into the maps of its
+    parameter block; else CuPy's launch with each call's maps. A base off 16 bytes (a view's
+    offset) runs the ``mma`` kernel's any-stride variant instead."""
+    import ctypes
+
     import cupy
 
     from . import tma
@@ -269,26 +273,37 @@ def _tma_launcher(problem: Problem, config: Mapping[str, Any], fallback: Mapping
     # B: n-contiguous as atoms of 64 n x 64 k; k-contiguous (a weight's transpose) as BN rows of 64 k
     maps_b = (tma.TileMaps(dt, g.N, g.K, g.sbk * isz, (64, 64)) if g.b_ncontig
               else tma.TileMaps(dt, g.K, g.N, g.sbn * isz, (64, bn)))
-    maps_c = tma.TileMaps(dt, g.N, g.M, g.N * isz, (64, 64)) if g.N % 8 == 0 else None
+    maps_c = tma.TileMaps(dt, g.N, g.M, g.N * isz, (64, 64)) if g.N % 8 == 0 else maps_a  # unused: stores from registers
     shape, what = problem.out_shape, f"{label} {problem}"
     getdev, empty = cupy.cuda.runtime.getDevice, memory.empty
-    fn, grid, block, smem, params = fast.fn, fast.grid, fast.block, fast.smem, fast.params
+    has_bias = bool((epilogue or {}).get("BIAS"))
+    quick = None
+    if maps_a.patched and maps_b.patched and maps_c.patched:
+        words = [(ctypes.c_uint64 * 16)(*m.words.tolist()) for m in (maps_a, maps_b, maps_c)]
+        params = (ctypes.c_int64 * len(PARAMS.names))(*fast.params.tolist())
+        quick = compile.FastLaunch(fast.fn, fast.grid, fast.block, pointers=1 + has_bias, scalars=[*words, params],
+                                   shared_mem=fast.smem, patches=[(i, m.slot) for i, m in
+                                                                  enumerate((maps_a, maps_b, maps_c))])
 
     def launch(a: Any, b: Any, bias: Any = None) -> Any:
         if getdev() != dev:
             with cupy.cuda.Device(dev):
                 return launch(a, b, bias)
         out = empty(shape, a.dtype, what)
-        pa, pb = a.data.ptr, b.data.ptr
+        pa, pb, pc = a.data.ptr, b.data.ptr, out.data.ptr
         if (pa | pb) & 15:
-            args: tuple = (a, b, out, slow[0].params)
             ln = slow[0]
+            args: tuple = (a, b, out, ln.params)
             ln.fn(ln.grid, ln.block, args if bias is None else (*args, _contiguous(bias)), shared_mem=ln.smem)
-            return out
-        ta, tb = maps_a(pa), maps_b(pb)
-        tc = maps_c(out.data.ptr) if maps_c is not None else ta
-        args = (ta, tb, tc, out, params)
-        fn(grid, block, args if bias is None else (*args, _contiguous(bias)), shared_mem=smem)
+        elif quick is not None:
+            if bias is None:
+                quick(pc, pa, pb, pc)
+            else:
+                quick(pc, _contiguous(bias).data.ptr, pa, pb, pc)
+        else:
+            maps = (maps_a(pa), maps_b(pb), maps_c(pc), fast.params)
+            fast.fn(fast.grid, fast.block, (out, *maps) if bias is None else (out, _contiguous(bias), *maps),
+                    shared_mem=fast.smem)
         return out
 
     launch.maps = (maps_a, maps_b, maps_c)  # type: ignore[attr-defined]

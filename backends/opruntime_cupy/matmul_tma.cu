@@ -78,12 +78,12 @@ __device__ __forceinline__ void finish(const float* a, int n, int N, const bits1
 #endif
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
-hgemm_tma(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
-          const __grid_constant__ TensorMap tc, bits16* __restrict__ C, const GemmParams p
+hgemm_tma(bits16* __restrict__ C,
 #if BIAS
-          , const bits16* __restrict__ bias
+          const bits16* __restrict__ bias,
 #endif
-          ) {
+          const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
+          const __grid_constant__ TensorMap tc, const GemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);

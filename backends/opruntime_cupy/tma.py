@@ -81,8 +81,8 @@ class TileMaps:
         self.dtype, self.cols, self.rows, self.stride, self.box = dtype, cols, rows, row_stride_bytes, tuple(box)
         self.size = size
         self._maps: OrderedDict[int, np.void] = OrderedDict()
-        self._words: np.ndarray | None = None
-        self._slot = -1
+        self.words: np.ndarray | None = None  #: the encoded map's 16 words, when patched
+        self.slot = -1  #: the word that holds the address
         probes = (1 << 20, 1 << 33, 0x7F3A_5C40_1230)
         try:
             enc = [np.array(self._encode(a).tolist(), np.uint64) for a in probes]
@@ -90,7 +90,7 @@ class TileMaps:
             return
         diff = np.flatnonzero((enc[0] != enc[1]) | (enc[0] != enc[2]))
         if len(diff) == 1 and all(int(e[diff[0]]) == a for e, a in zip(enc, probes)):
-            self._words, self._slot = enc[0], int(diff[0])
+            self.words, self.slot = enc[0], int(diff[0])
 
     def _encode(self, ptr: int) -> np.void:
         return tile_map(ptr, self.dtype, self.cols, self.rows, self.stride, self.box)
@@ -98,12 +98,12 @@ class TileMaps:
     @property
     def patched(self) -> bool:
         """Whether a call's map is made by writing its address into one encoded map."""
-        return self._words is not None
+        return self.words is not None
 
     def __call__(self, ptr: int) -> np.void:
-        if self._words is not None:
-            w = self._words.copy()
-            w[self._slot] = ptr
+        if self.words is not None:
+            w = self.words.copy()
+            w[self.slot] = ptr
             return w.view(MAP)[0]
         m = self._maps.get(ptr)
         if m is None:
@@ -115,5 +115,5 @@ class TileMaps:
         return m
 
     def __repr__(self) -> str:
-        how = f"address patched at word {self._slot}" if self.patched else f"{len(self._maps)} encoded"
+        how = f"address patched at word {self.slot}" if self.patched else f"{len(self._maps)} encoded"
         return f"TileMaps({self.dtype}, {self.rows}x{self.cols}, row stride {self.stride} B, box {self.box}, {how})"
