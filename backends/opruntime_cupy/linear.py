@@ -32,7 +32,7 @@ from .conv_launch import DTYPE_CODE
 from .cudnn import ALIGN
 from .cudnn import like as aligned
 from .epilogue import ACT
-from .matmul_launch import NOT_DEFINES, WGMMA_B_DESC, gemm_nt, launcher
+from .matmul_launch import NOT_DEFINES, gemm_nt, launcher
 
 EPILOGUE_THREADS = 256
 
@@ -265,7 +265,7 @@ def kernels() -> list[Kernel]:
     f32, f16 = frozenset({"float32"}), frozenset({"float16", "bfloat16"})
     vendor = frozenset({"float16", "bfloat16", "float32", "float64"})
     sgemm, hgemm = cc.source("matmul_sgemm.cu"), cc.source("matmul_hgemm.cu")
-    wgmma = cc.source("matmul_wgmma.cu") + repr(WGMMA_B_DESC)
+    wgmma = cc.source("matmul_wgmma.cu")
     tma = cc.source("matmul_tma.cu")
     simt_generic = _cost(lambda p, c: mm.cost_simt(p, c, True))
     mma_generic = _cost(lambda p, c: mm.cost_mma(p, c, True))
@@ -319,8 +319,7 @@ def build_variants() -> list[tuple[str, dict]]:
     for cfg in mm.WGMMA_CONFIGS:
         base = {k: v for k, v in cfg.items() if k not in strip}
         for bf, act in ((0, "gelu"), (0, "gelu_tanh"), (1, "relu"), (0, None)):
-            out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": 0, "BF16": bf, "BIAS": 1, "ACT": ACT[act],
-                                            **WGMMA_B_DESC}))
+            out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": 0, "BF16": bf, "BIAS": 1, "ACT": ACT[act]}))
     for cfg in mm.TMA_CONFIGS:
         base = {k: v for k, v in cfg.items() if k not in strip}
         for bf, act, store in ((0, "gelu", 1), (0, "gelu_tanh", 1), (1, "silu", 1), (0, "relu", 0)):

@@ -25,7 +25,7 @@ from typing import Any
 from opruntime.kernels import Kernel, Problem, Refusal, itemsize
 
 from . import compile, memory
-from .matmul_launch import NOT_DEFINES, WGMMA_B_DESC, Geometry, geometry, preparer, run_cublas
+from .matmul_launch import NOT_DEFINES, Geometry, geometry, preparer, run_cublas
 
 # -- tunable configurations ------------------------------------------------------------------
 # occ: resident blocks per SM (registers / shared memory); eff: the fraction of the device's
@@ -240,7 +240,7 @@ def kernels() -> list[Kernel]:
     f32, f16 = frozenset({"float32"}), frozenset({"float16", "bfloat16"})
     vendor = frozenset({"float16", "bfloat16", "float32", "float64"})
     sgemm, hgemm = compile.source("matmul_sgemm.cu"), compile.source("matmul_hgemm.cu")
-    wgmma = compile.source("matmul_wgmma.cu") + repr(WGMMA_B_DESC)
+    wgmma = compile.source("matmul_wgmma.cu")
     tma = compile.source("matmul_tma.cu")
     simt_generic = lambda p, c: cost_simt(p, c, True)  # noqa: E731
     mma_generic = lambda p, c: cost_mma(p, c, True)  # noqa: E731
@@ -286,7 +286,7 @@ def build_variants() -> list[tuple[str, dict]]:
     for cfg in WGMMA_CONFIGS:
         base = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
         for bn, bf in ((1, 0), (0, 0), (1, 1)):
-            out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": bn, "BF16": bf, **WGMMA_B_DESC}))
+            out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": bn, "BF16": bf}))
     for cfg in TMA_CONFIGS:
         base = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
         for bn, bf, store in ((1, 0, 1), (0, 0, 1), (1, 1, 0)):

@@ -21,9 +21,6 @@ from opruntime.kernels import Problem
 
 from . import compile, memory
 
-#: How the wgmma kernel describes an n-contiguous B (see matmul_wgmma.cu): checked on an H200,
-#: the other conventions give wrong results or an illegal address.
-WGMMA_B_DESC = {"B_LBO_MN": 1, "TNSP_B": 1}
 #: config keys that describe a config (for the cost model and names), not the source
 NOT_DEFINES = ("tile", "occ", "eff", "round_s")
 MAX_GRID_Z = 65535
@@ -149,7 +146,7 @@ def variant(family: str, problem: Problem, cfg: Mapping[str, Any], g: Geometry, 
     defines["BF16"] = problem.dtype == "bfloat16"
     if family == "wgmma":
         defines = {k: v for k, v in defines.items() if k not in ("A_KCONTIG", "VEC_A", "VEC_B")}
-        return "matmul_wgmma.cu", "hgemm_wgmma", {**defines, **WGMMA_B_DESC}
+        return "matmul_wgmma.cu", "hgemm_wgmma", defines
     if family == "tma":
         defines = {k: v for k, v in defines.items() if k not in ("A_KCONTIG", "VEC_A", "VEC_B")}
         return "matmul_tma.cu", "hgemm_tma", {**defines, "STORE_TMA": int(g.N % 8 == 0)}

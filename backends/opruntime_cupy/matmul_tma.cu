@@ -145,18 +145,7 @@ hgemm_tma(bits16* __restrict__ C,
                 mbar_wait(full(s), phase);
                 const unsigned a0 = stage_a(s) + cw * 64 * 128, b0 = stage_b(s);
                 wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk) {
-                    const unsigned long long da = desc(a0 + kk * 32, 16, 1024);
-#if B_NCONTIG
-                    const unsigned long long db = desc(b0 + kk * 16 * 128, BK * 128, 1024);
-                    constexpr int TB = 1;
-#else
-                    const unsigned long long db = desc(b0 + kk * 32, 16, 1024);
-                    constexpr int TB = 0;
-#endif
-                    wgmma_ss<BN, TB>(acc, da, db, kt | kk);  // the tile's first step overwrites
-                }
+                wgmma_k64<BN, B_NCONTIG>(acc, a0, b0, kt);  // the tile's first step overwrites
                 wg_commit();
                 wg_wait<1>();  // the group before this one has read its stage: hand it back
                 if (kt > 0 && lane == 0) mbar_arrive(empty(prev));

@@ -23,16 +23,6 @@
 #define BK 64
 #define STAGES 4
 #endif
-// Descriptor of an n-contiguous B: B_LBO_MN 1 puts the stride between 64-wide atoms along n in
-// the leading-byte-offset field and the 8-row stride along k in the stride field; 0 swaps them.
-// B_LBO_MN 1 with TNSP_B 1 is the convention checked right on an H200 (the others are wrong).
-#ifndef B_LBO_MN
-#define B_LBO_MN 1
-#endif
-#ifndef TNSP_B
-#define TNSP_B 1  // the instruction's transpose-B flag for an n-contiguous B
-#endif
-
 #define NWG (BM / 64)
 #define NT (NWG * 128)
 #define A_TILE (BM * BK)  // 16-bit elements per stage
@@ -141,22 +131,7 @@ hgemm_wgmma(const bits16* __restrict__ A, const bits16* __restrict__ B, bits16* 
         const int s = t % STAGES;
         const unsigned a0 = stage_a(s) + wg * 64 * 128, b0s = stage_b(s);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            const unsigned long long da = desc(a0 + kk * 32, 16, 1024);
-#if B_NCONTIG
-#if B_LBO_MN
-            const unsigned long long db = desc(b0s + kk * 16 * 128, BK * 128, 1024);
-#else
-            const unsigned long long db = desc(b0s + kk * 16 * 128, 1024, BK * 128);
-#endif
-            constexpr int TB = TNSP_B;
-#else
-            const unsigned long long db = desc(b0s + kk * 32, 16, 1024);
-            constexpr int TB = 0;
-#endif
-            wgmma_ss<BN, TB>(acc, da, db, 1);
-        }
+        wgmma_k64<BN, B_NCONTIG>(acc, a0, b0s, 1);
         wg_commit();
         wg_wait<1>();
     }

@@ -222,4 +222,21 @@ __device__ __forceinline__ void wgmma_rs(float* d, const unsigned (&a)[4], unsig
     else if constexpr (N == 128) wgmma_rs128(d, a, db);
     else wgmma_rs256(d, a, db);
 }
+
+// One 64-deep k step of a warpgroup's 64 x N tile from one pipeline stage (the GEMMs:
+// matmul_wgmma.cu, matmul_tma.cu), four m64nNk16 instructions; the first overwrites d when
+// accumulate is 0. a: the warpgroup's 64 rows of A, 64 k each (128 B, 128-byte swizzle). b with
+// NCONTIG 0: N rows of 64 k, like A; NCONTIG 1 (n contiguous): atoms of 64 n x 64 k rows, read
+// transposed, the leading byte offset the stride between atoms along n and the stride offset
+// between 8-row groups along k (the convention checked right on an H200: swapping the two fields
+// gives wrong results, the untransposed read an illegal address).
+template <int N, int NCONTIG>
+__device__ __forceinline__ void wgmma_k64(float* d, unsigned a, unsigned b, int accumulate) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const unsigned long long da = desc(a + kk * 32, 16, 1024);
+        const unsigned long long db = NCONTIG ? desc(b + kk * 16 * 128, 64 * 128, 1024) : desc(b + kk * 32, 16, 1024);
+        wgmma_ss<N, NCONTIG>(d, da, db, accumulate | kk);
+    }
+}
 #endif
