@@ -382,9 +382,13 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
 
 
 #: Column-block budgets (bytes) of ``numpy.conv2d.numba_im2col`` the tuner tries; the heuristic
-#: takes the first (2 MB measured best on ResNet-50's 3x3 layers, 512 KB as good on the stem);
-#: ``images``: blocks of that many whole images instead (small maps, :func:`._nb_conv.images_gemm`)
-NUMBA_IM2COL_CONFIGS = ({"cols_bytes": 2 << 20}, {"cols_bytes": 512 << 10}, {"cols_bytes": 1 << 20},
+#: takes the first: 1 MB, half the core's 2 MB L2, which leaves room for BLAS's packed blocks. The
+#: strided layers that take this kernel in ResNet-50 at batch 4, alone, alternating config by
+#: config: the 7x7 stem 5.05 ms at 1 MB against 6.35 at 2 MB and 6.75 at 4 MB (its columns, 147
+#: rows, spill L2 past 1 MB; at batch 1 1.41 against 1.53), the 3x3 stride-2 layers and the 1x1
+#: stride-2 one level (within 3 %). ``images``: blocks of that many whole images instead (small
+#: maps, :func:`._nb_conv.images_gemm`)
+NUMBA_IM2COL_CONFIGS = ({"cols_bytes": 1 << 20}, {"cols_bytes": 2 << 20}, {"cols_bytes": 512 << 10},
                         {"cols_bytes": 4 << 20}, {"images": 2})
 
 
