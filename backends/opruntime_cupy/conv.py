@@ -118,6 +118,13 @@ def _winograd_ok(problem: Problem) -> bool:
 SIMT_EFF = {(64, 128, 16, 3): 0.40, (64, 128, 8, 3): 0.38, (128, 128, 8, 2): 0.35, (64, 64, 8, 8): 0.27,
             (128, 64, 8, 4): 0.27}
 MMA_EFF = {(128, 64): 0.105, (128, 128): 0.10, (64, 128): 0.09, (64, 64): 0.08}
+#: The tensor-core tiles on short reductions (C R S = 147: the 7x7 stem; 256: the 1x1 layer): the
+#: fraction of MMA_EFF each tile kept on the H100 (the mean of the two layers' measured / modelled,
+#: docs/data/h100-gpu-conv-matmul-heuristic-2.json), applied in full up to C R S = 256 and faded
+#: out linearly by 576 (the 3x3 layer of 64 channels, where MMA_EFF fits). Without it the model
+#: took 64x128 for the fp16 stem at 220 us, where 64x64 runs 181.
+MMA_SHORT = {(128, 64): 0.67, (128, 128): 0.80, (64, 128): 0.45, (64, 64): 0.56}
+SHORT_CRS, FULL_CRS = 256, 576
 # gemm32 / gemm16: the 1x1 layer (32,256,56,64) through one strided-batched cuBLAS call, timed by
 # `opruntime bench --suite gpu --kernels` on an H100 (docs/data/h100-cuda-tuned-3.json): 93 us fp32
 # (35 TFLOP/s, 0.53 of the fp32 peak) and 30 us fp16 (110 TFLOP/s, 0.11 of the dense fp16 peak).
@@ -153,7 +160,9 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
             eff = SIMT_EFF[(*tile, config["bk"], config["minb"])] * _fill(cv, *tile, sms)
             return max(cv.flops / (peak * eff), io / bw) + LAUNCH_S
         if kind == "mma":
-            eff = MMA_EFF[(config["bm"], config["bn"])] * _fill(cv, config["bm"], config["bn"], sms)
+            tile = (config["bm"], config["bn"])
+            short = min(1.0, max(0.0, (cv.crs - SHORT_CRS) / (FULL_CRS - SHORT_CRS)))
+            eff = MMA_EFF[tile] * (MMA_SHORT[tile] + (1 - MMA_SHORT[tile]) * short) * _fill(cv, *tile, sms)
             return max(cv.flops / (f16 * eff), io / bw) + LAUNCH_S
         if kind.startswith("winograd"):
             m = int(kind[-1])
