@@ -43,12 +43,6 @@ def _encoder() -> Any:
     return _encode
 
 
-def usable(ptr: int, row_stride_bytes: int) -> bool:
-    """Whether a 2-D operand at ``ptr`` with rows ``row_stride_bytes`` apart can be described by a
-    tensor map: the driver wants a 16-byte aligned base and strides that are multiples of 16."""
-    return ptr % 16 == 0 and row_stride_bytes % 16 == 0 and 0 < row_stride_bytes < 2**40
-
-
 def tile_map(ptr: int, dtype: str, cols: int, rows: int, row_stride_bytes: int, box: Sequence[int]) -> np.void:
     """The tensor map of a row-major 2-D tensor (``rows`` x ``cols``, rows ``row_stride_bytes``
     apart) at ``ptr``, copied in boxes of ``box`` = (cols, rows) elements with the 128-byte
