@@ -3,7 +3,6 @@ with the driver's encoder replaced by fakes that store the address plainly or no
 
 import numpy as np
 import pytest
-
 from opruntime_cupy import tma
 
 
