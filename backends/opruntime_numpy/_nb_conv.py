@@ -1,5 +1,5 @@
-"""numba loops of the convolutions and pools (imported through :mod:`.jit` only): depthwise and
-small-channel direct conv2d, the GEMM convolutions (below), max / avg pooling.
+"""numba loops of the convolutions (imported through :mod:`.jit` only): depthwise and
+small-channel direct conv2d, the GEMM convolutions (below). The pools' loops are in :mod:`._nb_pool`.
 
 **The GEMM convolutions** (``numba_gemm``, ``numba_im2col``, ``numba_batch``, ``numba_winograd``
 of :mod:`.conv`) call scipy's BLAS from their tasks through :func:`_gemm`: numba's own ``?gemm``
@@ -10,7 +10,7 @@ in L2) run by a small ``parallel=True`` wrapper (``par_*``) on numba's threads.
 
 **Depthwise and direct.** Each task is one (image, channel) plane
 (direct conv: one image's group of channels): the plane is copied once into a zero-padded
-(max pool: -inf-padded) buffer that stays in L1 / L2, then the outputs are built from taps:
+buffer that stays in L1 / L2, then the outputs are built from taps:
 
 * stride 1 (convolutions): *wide*, as the NumPy kernels' ``Taps``: output row ``y`` is computed
   at every one of the ``Wp`` padded columns, so each tap is one long vectorized loop over
@@ -1142,39 +1142,3 @@ def par_wino(fn, x, w, bias, out, s, pt, pl, mb, tile, code, off, tasks, pieces)
     .. ``off + tasks``, cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
         fn(x, w, bias, out, s, pt, pl, mb, tile, code, off + tasks * p // pieces, off + tasks * (p + 1) // pieces)
-
-
-@njit(parallel=True, **OPTIONS)
-def pool(x, out, div, kh, kw, sh, sw, dh, dw, ph, pw, hp, wp, is_max):
-    """max (``is_max``; NaN propagates, as torch) or avg pooling (sums divided by the ``div``
-    table, (Ho, Wo)) of ``x`` (P, H, W) planes into ``out`` (P, Ho, Wo)."""
-    planes, h, wd = x.shape
-    ho, wo = out.shape[1], out.shape[2]
-    fill = -np.inf if is_max else 0.0
-    for p in prange(planes):
-        xp = np.full((hp, wp), fill, x.dtype)
-        xp[ph:ph + h, pw:pw + wd] = x[p]
-        for oy in range(ho):
-            acc = out[p, oy]
-            first = True
-            for i in range(kh):
-                row = xp[oy * sh + i * dh]
-                for j in range(kw):
-                    start = j * dw
-                    seg = row[start:start + sw * (wo - 1) + 1:sw]
-                    if first:
-                        for ox in range(wo):
-                            acc[ox] = seg[ox]
-                        first = False
-                    elif is_max:
-                        for ox in range(wo):
-                            v = seg[ox]
-                            a = acc[ox]
-                            acc[ox] = v if (v > a or v != v) else a
-                    else:
-                        for ox in range(wo):
-                            acc[ox] += seg[ox]
-            if not is_max:
-                d = div[oy]
-                for ox in range(wo):
-                    acc[ox] = acc[ox] / d[ox]

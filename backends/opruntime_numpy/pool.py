@@ -13,12 +13,11 @@ float16 is accumulated in float32 (avg), max compares in the input's dtype (exac
 
 With numba (:mod:`.jit`), ``numpy.max_pool2d.numba`` and ``numpy.avg_pool2d.numba`` take one
 plane per parallel task, so the input is read once and the output written once (the NumPy path
-passes over the outputs once per tap). max: the plane copied once into a padded buffer in
-cache, each output row reduced from rows of taps (:mod:`._nb_conv`). avg (:mod:`._nb_pool`):
-separable, no padded copy: per output row the window's rows summed into one row (contiguous,
-vectorized), then each output's columns summed from it (the taps of a strided window read
-straight from the plane did not vectorize). float16 is computed in float32
-(exact for max). ``numpy.adaptive_avg_pool2d.numba`` (:mod:`._nb_pool`) reads the input once
+passes over the outputs once per tap). Both are separable (:mod:`._nb_pool`), with no padded
+copy of the plane: per output row the window's rows reduced into one row (contiguous,
+vectorized: a sum, or a max that keeps NaN), then each output's columns reduced from it (the
+taps of a strided window read straight from the plane did not vectorize). float16 is computed
+in float32 (exact for max). ``numpy.adaptive_avg_pool2d.numba`` (:mod:`._nb_pool`) reads the input once
 with the planes spread over the cores (the NumPy kernel runs on one).
 """
 
@@ -166,16 +165,13 @@ def adaptive_cost(problem: Problem, config: Any) -> float:
 
 def prepare_numba(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.<op>.numba`` (max or avg)."""
-    nb = jit.loops("_nb_conv")
+    nb = jit.loops("_nb_pool")
     n, c, h, w = problem.shapes[0]
     oh, ow = problem.out_shape[2:]
     kh, kw, sh, sw, ph, pw, dh, dw, bh, bw = _geometry(problem)
     is_max = problem.op == "max_pool2d"
-    avg = None if is_max else jit.loops("_nb_pool")
     acc_t = np.dtype(np.float32 if problem.dtype == "float16" else problem.dtype)
-    if is_max:
-        div = inv = np.ones((1, 1), acc_t)
-    else:
+    if not is_max:
         a = problem.attrs
         div = np.outer(_divisors(h, oh, kh, ph, sh, a["count_include_pad"]),
                        _divisors(w, ow, kw, pw, sw, a["count_include_pad"])).astype(acc_t)
@@ -185,9 +181,9 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         x3 = x.astype(acc_t, copy=False).reshape(n * c, h, w)
         out = np.empty((n * c, oh, ow), acc_t)
         if is_max:
-            jit.call(nb.pool, x3, out, div, kh, kw, sh, sw, dh, dw, ph, pw, ph + h + bh, pw + w + bw, is_max)
+            jit.call(nb.maxp, x3, out, kh, kw, sh, sw, dh, dw, ph, pw, pw + w + bw)
         else:
-            jit.call(avg.avg, x3, out, inv, kh, kw, sh, sw, dh, dw, ph, pw, pw + w + bw)
+            jit.call(nb.avg, x3, out, inv, kh, kw, sh, sw, dh, dw, ph, pw, pw + w + bw)
         return out.reshape(problem.out_shape).astype(problem.dtype, copy=False)
 
     return jit.first_use(f"numpy.{problem.op}.numba", launch)
@@ -248,8 +244,8 @@ def kernels() -> list[Kernel]:
     ]
     if jit.available():
         out += [Kernel(op, f"numpy.{op}.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost,
-                       source=jit.source(loop), notes=jit.notes(f"numpy.{op}.numba"))
-                for op, loop in (("max_pool2d", "_nb_conv"), ("avg_pool2d", "_nb_pool"))]
+                       source=jit.source("_nb_pool"), notes=jit.notes(f"numpy.{op}.numba"))
+                for op in ("max_pool2d", "avg_pool2d")]
         out.append(Kernel("adaptive_avg_pool2d", "numpy.adaptive_avg_pool2d.numba", "cpu", FLOATS,
                           prepare=prepare_adaptive_numba, cost=adaptive_numba_cost,
                           source=jit.source("_nb_pool", "_nb_reduce"),
