@@ -529,13 +529,22 @@ def numba_im2col_cost(problem: Problem, config: Any) -> float:
     # more, and threads idle where there are fewer tasks than threads. Inside ResNet-50 at batch 4
     # (two images a block): 512 channels 3x3 on 7 x 7 5.3-5.6 -> 4.6-4.8 ms, stride 2 from 14 x 14
     # 5.5 -> 5.1; on 14 x 14 outputs (196 columns an image) it lost (4.5 -> 5.3 ms alone), and on
-    # 1x1 convs, where the GEMM is as slow on either side (2048 -> 512 on 7 x 7: 2.2 ms, numba_gemm
-    # 2.1, reading the input in place): no gain counted for them
+    # 1x1 convs with stride 1, where the GEMM is as slow on either side (2048 -> 512 on 7 x 7: 2.2
+    # ms, numba_gemm 2.1, reading the input in place): no gain counted for them. Strided 1x1 convs
+    # (K = C, a gather of every sw-th value for columns) run the images' GEMM at the rate of
+    # numba_gemm's whole blocks, :data:`BLOCK_GEMM_PEAK` (down on fewer than 196 columns): alone
+    # at batch 4, 512 -> 1024 from 28 x 28 2.81 ms in two-image blocks against 3.30-3.39 for the
+    # strided path's blocks and 3.48 for numba_batch, 256 -> 512 from 56 x 56 3.03 against
+    # 3.16-3.39, 1024 -> 2048 from 14 x 14 3.13 against numba_batch 3.33 (the model: 2.99, 3.47, 3.22)
     n, _, ho, wo = problem.out_shape
     gemm = _flops(problem) / BLOCK_GEMM_RATE
+    tasks = problem.attrs["groups"] * -(-n // images)
+    if math.prod(problem.shapes[1][2:]) == 1 and problem.attrs["stride"] != (1, 1):
+        rate = BLOCK_GEMM_PEAK * min(1.0, min(images, n) * ho * wo / 196.0) ** 0.25
+        idle = _flops(problem) / rate * (max(1.0, jit.threads() / max(1, tasks)) - 1.0)
+        return base - gemm + _flops(problem) / rate + _out_bytes(problem) / PASS_BYTES + idle
     per_image = min(1.0, ho * wo / 196.0) ** 0.25 if math.prod(problem.shapes[1][2:]) > 1 else 1.0
     per_block = min(1.0, min(images, n) * ho * wo / 196.0) ** 0.25
-    tasks = problem.attrs["groups"] * -(-n // images)
     idle = gemm * (max(1.0, jit.threads() / max(1, tasks)) - 1.0)
     return base - gemm * (1.0 - per_image / per_block) + _out_bytes(problem) / PASS_BYTES + idle
 
