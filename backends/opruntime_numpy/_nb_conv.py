@@ -405,7 +405,11 @@ def pointwise_gemm(x, w, bias, out, groups, nb, code, first, last):
 def images_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, code, first, last):
     """conv2d as one GEMM per block of ``nb`` whole images, for small maps: the arguments are
     :func:`im2col_gemm`'s, a task is (block of images, group). Its columns (C/g * kh * kw,
-    images * Ho * Wo) gathered image after image (:func:`_gather`), one BLAS call with the group's
+    images * Ho * Wo) built image after image, channel by channel: the channel's plane copied
+    once into a zero-padded buffer (``pad``: the rows and columns the taps reach; its padding
+    stays zero from call to call), then each tap's rows copied from it, no bounds to check
+    (:func:`_gather` per (channel, tap), a call and the bounds of every output row, took 1.36 ms a
+    task on 512 channels 3x3 on two 7 x 7 images, this 0.52); one BLAS call with the group's
     weights into a buffer (og, images * Ho * Wo), whose rows are then copied into each image's
     output with the bias and activation (:data:`FUSED`). On a 7 x 7 map an image gives the GEMM
     49 columns, where BLAS runs at 70 % of its rate on a few hundred (512 x 4608 weights: 1.85 ms
@@ -421,6 +425,11 @@ def images_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, co
     width = min(nb, n_img) * hw
     cols = np.empty((kk, width), dt)
     acc = np.empty(og * width, dt)
+    hp = (ho - 1) * sh + (kh - 1) * dh + 1  # the padded plane's rows and columns that taps read
+    wp = (wo - 1) * sw + (kw - 1) * dw + 1
+    pad = np.zeros((hp, wp), dt)
+    r0, r1 = min(pt, hp), min(hp, pt + h)  # its rows and columns that hold the input's
+    c0, c1 = min(pl, wp), min(wp, pl + wd)
     cf = cols.reshape(-1)
     wf = w2.reshape(-1)
     of = out.reshape(-1)
@@ -434,10 +443,23 @@ def images_gemm(x, w2, bias, out, sh, sw, dh, dw, pt, pl, kh, kw, groups, nb, co
         for q in range(m):
             for c in range(cg):
                 xc = x[n0 + q, g * cg + c]
+                for r in range(r0, r1):
+                    pr = pad[r]
+                    xr = xc[r - pt]
+                    for k in range(c0, c1):
+                        pr[k] = xr[k - pl]
                 for i in range(kh):
                     for j in range(kw):
-                        _gather(cols[(c * kh + i) * kw + j], xc, q * hw, hw, 0, wo, sh, sw, i * dh - pt, j * dw - pl,
-                                h, wd)
+                        dst = cols[(c * kh + i) * kw + j]
+                        for oy in range(ho):
+                            src = pad[oy * sh + i * dh]
+                            d0 = q * hw + oy * wo
+                            if sw == 1:
+                                for ox in range(wo):
+                                    dst[d0 + ox] = src[j * dw + ox]
+                            else:
+                                for ox in range(wo):
+                                    dst[d0 + ox] = src[j * dw + ox * sw]
         _gemm(wf, g * og * kk, kk, cf, 0, width, acc, 0, cnt, og, cnt, kk, ab)
         for oo in range(og):
             o = g * og + oo

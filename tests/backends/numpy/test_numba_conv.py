@@ -64,6 +64,8 @@ IMAGES = [
     _cv((3, 8, 10, 9), (6, 8, 3, 3), stride=2, padding=1, dtype="float64", views=("slice", "T")),
     _cv((3, 10, 5, 6), (7, 10, 1, 1), bias=False),
     _cv((1, 4, 1, 1), (3, 4, 3, 3), padding=1),
+    _cv((3, 6, 5, 4), (5, 6, 3, 2), padding=(3, 0), activation="relu"),  # padding past the taps' rows, none across
+    _cv((2, 5, 9, 11), (4, 5, 3, 3), stride=2),  # no padding, odd maps: the last input row and column unread
 ]
 
 
