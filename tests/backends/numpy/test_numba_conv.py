@@ -142,7 +142,7 @@ RESNET = [
     ((4, 1024, 14, 14), (2048, 1024, 1, 1), 2, 0, "numpy.conv2d.numba_batch"),
     ((4, 512, 7, 7), (512, 512, 3, 3), 1, 1, "numpy.conv2d.numba_im2col[images=2]"),
     ((4, 512, 14, 14), (512, 512, 3, 3), 2, 1, "numpy.conv2d.numba_im2col[images=2]"),
-    ((4, 256, 28, 28), (256, 256, 3, 3), 2, 1, "numpy.conv2d.numba_im2col[cols_bytes=1048576]"),
+    ((4, 256, 28, 28), (256, 256, 3, 3), 2, 1, "numpy.conv2d.numba_im2col[images=2]"),
     ((4, 128, 56, 56), (128, 128, 3, 3), 2, 1, "numpy.conv2d.numba_im2col"),
     ((4, 256, 56, 56), (512, 256, 1, 1), 2, 0, "numpy.conv2d.numba_im2col"),
     ((4, 512, 28, 28), (1024, 512, 1, 1), 2, 0, "numpy.conv2d.numba_im2col[images=2]"),
