@@ -809,15 +809,21 @@ def _wino_gemm(s, t, c_in, o_out, tiles, npos, mb):
 def wino2(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
     """Winograd F(2x2, 3x3), tasks ``first:last`` of its stages (``tile`` is 2):
 
-    * tasks ``[0, N C)``: ``v[k, c, tile] = (B^T d B)[k]`` for every 4 x 4 input tile ``d`` of
-      (image, channel) (zero-padded; ``x`` (N, C, H, W) any strides): per row of tiles the four
-      input rows are combined down the columns at once, then across each tile's four columns;
-    * ``[N C, N C + O)``: ``u[o, k, c] = (G g G^T)[k]`` for each filter ``g = w[o, c]`` of output
+    * tasks ``[0, C)``: ``v[k, c, tile] = (B^T d B)[k]`` for every 4 x 4 input tile ``d`` of
+      channel c, image after image (zero-padded; ``x`` (N, C, H, W) any strides): per row of
+      tiles the four input rows are combined down the columns at once, then across each tile's
+      four columns;
+    * ``[C, C + O)``: ``u[o, k, c] = (G g G^T)[k]`` for each filter ``g = w[o, c]`` of output
       channel o (computed in float64; ``w`` (O, C, 3, 3) C-contiguous and flat);
     * the next ``16 ceil(O / mb)``: the GEMMs (:func:`_wino_gemm`);
-    * the next ``N O``: ``out[n, o]`` (``out`` (N, O, Ho, Wo)), each tile's 2 x 2 outputs
-      ``A^T m A`` (the last row or column of tiles may be cut by the map), then the bias and
-      activation (:data:`FUSED`).
+    * the next ``O``: ``out[:, o]`` (``out`` (N, O, Ho, Wo)), image after image, each tile's 2 x 2
+      outputs ``A^T m A`` (the last row or column of tiles may be cut by the map), then the bias
+      and activation (:data:`FUSED`).
+
+    A task takes a channel of every image, not one (image, channel) plane: v's and m's rows
+    for (k, c) are then written and read whole, in order (per plane, runs of Wo / 2 values in 16
+    places each: on 256 channels at 4 x 14 x 14 the input stage took 0.53 ms, now 0.42-0.45, the
+    output 0.36, now 0.29).
 
     v, u and m are in the flat scratch ``s`` (:data:`WINO_LAYOUT`)."""
     n_img, c_in, h, wd = x.shape
@@ -826,7 +832,7 @@ def wino2(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
     tiles = n_img * th * tw
     u0 = 16 * c_in * tiles
     m0 = u0 + 16 * o_out * c_in
-    n_in = n_img * c_in
+    n_in = c_in
     n_w = n_in + o_out
     n_g = n_w + 16 * ((o_out + mb - 1) // mb)
     has_bias = bias.shape[0] > 0
@@ -837,39 +843,39 @@ def wino2(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
     sc = np.empty((8, tw), dt)  # A^T m
     floor = dt.type(0.0) if code == 2 else dt.type(-np.inf)  # ReLU's, or none (-inf stays -inf)
     for t in range(first, last):
-        if t < n_in:  # the input tiles of (image, channel)
-            n = t // c_in
-            c = t - n * c_in
-            xc = x[n, c]
+        if t < n_in:  # the input tiles of channel c, image after image (v's rows for (k, c) written in order)
+            c = t
             step = c_in * tiles  # from one tile position's plane of v to the next
-            for ty in range(th):
-                for r in range(4):
-                    iy = 2 * ty + r - pt
-                    row = rows[r]
-                    if 0 <= iy < h:
-                        src = xc[iy]
-                        for q in range(width):
-                            ix = q - pl
-                            row[q] = src[ix] if 0 <= ix < wd else 0
-                    else:
-                        for q in range(width):
-                            row[q] = 0
-                for q in range(width):  # B^T d: the rows
-                    r0, r1, r2, r3 = rows[0, q], rows[1, q], rows[2, q], rows[3, q]
-                    rows[4, q] = r0 - r2
-                    rows[5, q] = r1 + r2
-                    rows[6, q] = r2 - r1
-                    rows[7, q] = r1 - r3
-                base = c * tiles + (n * th + ty) * tw
-                for i in range(4):  # (B^T d) B: the columns of each tile, into planes 4 i .. 4 i + 3 of v
-                    ti = rows[4 + i]
-                    dst = 4 * i * step + base
-                    for tx in range(tw):
-                        a, b, cc, dd = ti[2 * tx], ti[2 * tx + 1], ti[2 * tx + 2], ti[2 * tx + 3]
-                        s[dst + tx] = a - cc
-                        s[dst + step + tx] = b + cc
-                        s[dst + 2 * step + tx] = cc - b
-                        s[dst + 3 * step + tx] = b - dd
+            for n in range(n_img):
+                xc = x[n, c]
+                for ty in range(th):
+                    for r in range(4):
+                        iy = 2 * ty + r - pt
+                        row = rows[r]
+                        if 0 <= iy < h:
+                            src = xc[iy]
+                            for q in range(width):
+                                ix = q - pl
+                                row[q] = src[ix] if 0 <= ix < wd else 0
+                        else:
+                            for q in range(width):
+                                row[q] = 0
+                    for q in range(width):  # B^T d: the rows
+                        r0, r1, r2, r3 = rows[0, q], rows[1, q], rows[2, q], rows[3, q]
+                        rows[4, q] = r0 - r2
+                        rows[5, q] = r1 + r2
+                        rows[6, q] = r2 - r1
+                        rows[7, q] = r1 - r3
+                    base = c * tiles + (n * th + ty) * tw
+                    for i in range(4):  # (B^T d) B: the columns of each tile, into planes 4 i .. 4 i + 3 of v
+                        ti = rows[4 + i]
+                        dst = 4 * i * step + base
+                        for tx in range(tw):
+                            a, b, cc, dd = ti[2 * tx], ti[2 * tx + 1], ti[2 * tx + 2], ti[2 * tx + 3]
+                            s[dst + tx] = a - cc
+                            s[dst + step + tx] = b + cc
+                            s[dst + 2 * step + tx] = cc - b
+                            s[dst + 3 * step + tx] = b - dd
         elif t < n_w:  # the filters of output channel o
             o = t - n_in
             uo = u0 + o * 16 * c_in
@@ -890,36 +896,35 @@ def wino2(x, w, bias, out, s, pt, pl, mb, tile, code, first, last):
                     s[r + 3 * c_in] = d
         elif t < n_g:
             _wino_gemm(s, t - n_w, c_in, o_out, tiles, 16, mb)
-        else:  # the output tiles of (image, output channel)
-            r = t - n_g
-            n = r // o_out
-            o = r - n * o_out
+        else:  # the output tiles of output channel o, image after image (m's rows for (k, o) read in order)
+            o = t - n_g
             step = o_out * tiles  # from one tile position's plane of m to the next
             bv = bias[o] if has_bias else dt.type(0.0)
-            for ty in range(th):
-                base = m0 + o * tiles + (n * th + ty) * tw
-                for j in range(4):  # A^T m: the two rows of each tile, per column j
-                    src = base + j * step
-                    m0r = s[src:src + tw]
-                    m1r = s[src + 4 * step:src + 4 * step + tw]
-                    m2r = s[src + 8 * step:src + 8 * step + tw]
-                    m3r = s[src + 12 * step:src + 12 * step + tw]
-                    for tx in range(tw):
-                        sc[j, tx] = m0r[tx] + m1r[tx] + m2r[tx]
-                        sc[4 + j, tx] = m1r[tx] - m2r[tx] - m3r[tx]
-                for i in range(2):  # (A^T m) A: the two columns
-                    oy = 2 * ty + i
-                    if oy >= ho:
-                        break
-                    row = out[n, o, oy]
-                    for tx in range(tw):
-                        a, b, cc, dd = sc[4 * i, tx], sc[4 * i + 1, tx], sc[4 * i + 2, tx], sc[4 * i + 3, tx]
-                        row[2 * tx] = a + b + cc
-                        if 2 * tx + 1 < wo:
-                            row[2 * tx + 1] = b - cc - dd
-                    for q in range(wo):  # the bias and ReLU as act_row's (NaN kept), one loop
-                        v = row[q] + bv
-                        row[q] = floor if v < floor else v
+            for n in range(n_img):
+                for ty in range(th):
+                    base = m0 + o * tiles + (n * th + ty) * tw
+                    for j in range(4):  # A^T m: the two rows of each tile, per column j
+                        src = base + j * step
+                        m0r = s[src:src + tw]
+                        m1r = s[src + 4 * step:src + 4 * step + tw]
+                        m2r = s[src + 8 * step:src + 8 * step + tw]
+                        m3r = s[src + 12 * step:src + 12 * step + tw]
+                        for tx in range(tw):
+                            sc[j, tx] = m0r[tx] + m1r[tx] + m2r[tx]
+                            sc[4 + j, tx] = m1r[tx] - m2r[tx] - m3r[tx]
+                    for i in range(2):  # (A^T m) A: the two columns
+                        oy = 2 * ty + i
+                        if oy >= ho:
+                            break
+                        row = out[n, o, oy]
+                        for tx in range(tw):
+                            a, b, cc, dd = sc[4 * i, tx], sc[4 * i + 1, tx], sc[4 * i + 2, tx], sc[4 * i + 3, tx]
+                            row[2 * tx] = a + b + cc
+                            if 2 * tx + 1 < wo:
+                                row[2 * tx + 1] = b - cc - dd
+                        for q in range(wo):  # the bias and ReLU as act_row's (NaN kept), one loop
+                            v = row[q] + bv
+                            row[q] = floor if v < floor else v
 
 
 @njit(**OPTIONS)

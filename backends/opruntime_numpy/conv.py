@@ -831,7 +831,7 @@ def prepare_numba_winograd(problem: Problem, config: Any) -> Any:
         # the stages' three groups of tasks (_nb_conv.wino2): the input tiles and the filters, the
         # GEMMs, the output tiles; each group's offset in the loop's task numbers
         blocks = npos * -(-o // mb)
-        groups = ((0, n * c + o), (n * c + o, blocks), (n * c + o + blocks, n * o))
+        groups = ((0, c + o), (c + o, blocks), (c + o + blocks, o))
         size = npos * (c * tiles + o * c + o * tiles) + 2
     else:
         # two groups (_nb_conv.wino4): the filters, then the fused blocks of rows of tiles
