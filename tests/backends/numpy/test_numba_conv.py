@@ -88,7 +88,7 @@ def test_numba_im2col_wide_and_strided(case):
     clean(check_kernel(registry().kernels["numpy.conv2d.numba_im2col"], CPU, cases=[case]))
 
 
-BATCH = [c for c in GEMM + IM2COL if c.attrs.get("groups", 1) == 1] + [
+BATCH = [c for c in GEMM + IM2COL + IMAGES if c.attrs.get("groups", 1) == 1] + [
     _cv((3, 16, 7, 7), (200, 16, 1, 1), activation="relu"),  # blocks of channels with a short last one
 ]
 
