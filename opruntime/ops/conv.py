@@ -114,7 +114,8 @@ class Conv2d(Operator):
     bench = {
         "cpu": [_layer(8, 64, 56, 64, 3, 1, 1),
                 _cv((8, 64, 56, 56), (64, 1, 3, 3), padding=1, groups=64),
-                _layer(8, 64, 56, 128, 1, 1, 0)],
+                _layer(8, 64, 56, 128, 1, 1, 0),
+                _layer(1, 3, 224, 64, 7, 2, 3)],  # the 7x7 stem (issue 16's table)
         "overhead": [_cv((1, 1, 4, 4), (1, 1, 1, 1))],
         "gpu": [*(_layer(*layer) for layer in RESNET), *(_layer(*layer, dtype="float16") for layer in RESNET)],
     }
