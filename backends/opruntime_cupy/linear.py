@@ -307,21 +307,20 @@ def build_variants() -> list[tuple[str, dict]]:
                                       "IDX": "int", "THREADS": EPILOGUE_THREADS}))
         out.append(("linear.cu", {"DTYPE": code, "ACT": ACT["gelu"], "BIAS": 0, "VEC": 1, "IDX": "long long",
                                   "THREADS": EPILOGUE_THREADS}))
-    strip = NOT_DEFINES
     for file, cfg, extra in (("matmul_sgemm.cu", mm.SIMT_CONFIGS[0], {}),
                              ("matmul_hgemm.cu", mm.MMA_CONFIGS[0], {"BF16": 0}),
                              ("matmul_hgemm.cu", mm.MMA_CONFIGS[0], {"BF16": 1})):
-        base = {k: v for k, v in cfg.items() if k not in strip}
+        base = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
         for act in (None, "relu", "gelu", "gelu_tanh", "silu"):
             out.append((file, {**base, **extra, "A_KCONTIG": 1, "B_NCONTIG": 0, "VEC_A": 1, "VEC_B": 1, "BIAS": 1,
                                "ACT": ACT[act]}))
         out.append((file, {**base, **extra, "A_KCONTIG": 1, "B_NCONTIG": 0, "VEC_A": 0, "VEC_B": 0, "ACT": ACT["gelu"]}))
     for cfg in mm.WGMMA_CONFIGS:
-        base = {k: v for k, v in cfg.items() if k not in strip}
+        base = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
         for bf, act in ((0, "gelu"), (0, "gelu_tanh"), (1, "relu"), (0, None)):
             out.append(("matmul_wgmma.cu", {**base, "B_NCONTIG": 0, "BF16": bf, "BIAS": 1, "ACT": ACT[act]}))
     for cfg in mm.TMA_CONFIGS:
-        base = {k: v for k, v in cfg.items() if k not in strip}
+        base = {k: v for k, v in cfg.items() if k not in NOT_DEFINES}
         for bf, act, store in ((0, "gelu", 1), (0, "gelu_tanh", 1), (1, "silu", 1), (0, "relu", 0)):
             out.append(("matmul_tma.cu", {**base, "B_NCONTIG": 0, "BF16": bf, "BIAS": 1, "ACT": ACT[act],
                                           "STORE_TMA": store}))

@@ -303,7 +303,6 @@ def _tma_launcher(problem: Problem, config: Mapping[str, Any], fallback: Mapping
                     shared_mem=fast.smem)
         return out
 
-    launch.maps = (maps_a, maps_b, maps_c)  # type: ignore[attr-defined]
     return launch
 
 
