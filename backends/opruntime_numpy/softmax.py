@@ -106,7 +106,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
             jit.call(nb.softmax_rows, x.reshape(outer, n), out.reshape(outer, n), log, ROW_BLOCK)
         else:  # the runs' statistics, then the output, in the same pieces of tasks
             ms = np.empty((outer, col_parts, inner), x.dtype)
-            ss = np.empty((outer, col_parts, inner), x.dtype)
+            ss = np.empty((outer, col_parts, inner), np.float64)  # sums in float64
             x3 = x.reshape(outer, n, inner)
             args = (x3, out, ms, ss, log, width, col_parts)
             if pieces == 1:
