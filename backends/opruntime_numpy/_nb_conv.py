@@ -42,6 +42,7 @@ reshapes, one scratch shape) and take the GEMM's scalars from the launcher.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -242,60 +243,185 @@ def depthwise_rows(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code, first,
                 act_row(row_acc, bias[o] if has_bias else x.dtype.type(0.0), code)
 
 
-@njit(**OPTIONS)
-def direct_wide(x, w, bias, out, dh, dw, pt, pl, hp, wp, groups, code, first, last):
-    """Direct conv2d with stride 1 for few input channels per group: ``x`` (N, C, H, W), ``w``
-    (O, C/g, kh, kw), ``out`` (N, O, Ho, Wo). One task per (image, group): its padded input
-    channels are copied once, then each output channel sums every (channel, tap) into its wide
-    plane, cropped with the bias and activation."""
-    o_out, cg, kh, kw = w.shape
-    ho = out.shape[2]
-    og = o_out // groups
-    has_bias = bias.shape[0] > 0
-    plane = hp * wp + (kw - 1) * dw
-    for t in range(first, last):
-        n = t // groups
-        g = t % groups
-        flat = np.zeros(cg * plane, x.dtype)
-        for c in range(cg):
-            _pad(flat[c * plane:(c + 1) * plane], x[n, g * cg + c], pt, pl, wp)
-        acc = np.empty(ho * wp, x.dtype)
-        for oo in range(og):
-            o = g * og + oo
-            _zero(acc)
-            for c in range(cg):
-                fc = flat[c * plane:(c + 1) * plane]
-                for i in range(kh):
-                    _wide_row(acc, fc, w[o, c, i], i * dh * wp, dw)
-            _crop(out[n, o], acc, wp, bias[o] if has_bias else x.dtype.type(0.0), code)
+# -- the register-blocked direct convolution (numba_direct) ---------------------------------------
+
+#: one strip of :func:`direct_strips`: ``STRIP_VECTORS`` vectors of consecutive output positions
+#: (64 bytes each: 16 float32 or 8 float64) times ``STRIP_CHANNELS`` output channels, 24
+#: accumulators of the 32 vector registers of AVX-512; per tap 3 vector loads of the input and 8
+#: broadcasts of a weight feed 24 fused multiply-adds
+STRIP_VECTORS, STRIP_CHANNELS = 3, 8
+
+
+def _lanes(context, dtype):
+    """(element type, lanes, vector type) of a 64-byte vector of ``dtype``."""
+    ft = context.get_data_type(dtype)
+    lanes = 64 // context.get_abi_sizeof(ft)
+    return ft, lanes, ir.VectorType(ft, lanes)
+
+
+def _slots(builder, acc, vt):
+    return builder.bitcast(acc, ir.PointerType(ir.ArrayType(vt, STRIP_VECTORS * STRIP_CHANNELS)))
+
+
+def _at(context, builder, aryty, ary, off):
+    """A pointer to element ``off`` (counted flat) of a C-contiguous array."""
+    return cgutils.gep(builder, context.make_array(aryty)(context, builder, ary).data, off)
+
+
+@intrinsic
+def _strip_zero(typingctx, like):
+    """A strip's accumulators, zeroed: ``STRIP_VECTORS * STRIP_CHANNELS`` vectors of ``like``'s
+    dtype on the stack (one ``alloca`` in the function's entry, zeroed where this is called). Only
+    :func:`_strip_fma` and :func:`_strip_save` touch them, whole vectors at constant indices, so
+    LLVM's SROA keeps them in registers across the loop over taps."""
+    sig = types.voidptr(like)
+
+    def codegen(context, builder, signature, args):
+        _, _, vt = _lanes(context, like.dtype)
+        slots = cgutils.alloca_once(builder, ir.ArrayType(vt, STRIP_VECTORS * STRIP_CHANNELS))
+        for i in range(STRIP_VECTORS * STRIP_CHANNELS):
+            builder.store(ir.Constant(vt, None), cgutils.gep(builder, slots, 0, i))
+        return builder.bitcast(slots, cgutils.voidptr_t)
+
+    return sig, codegen
+
+
+@intrinsic
+def _strip_fma(typingctx, acc, x, xoff, w, woff):
+    """One tap into a strip: ``acc[c][v] = fma(x[xoff + v * lanes:][:lanes], w[woff + c], acc[c][v])``
+    for the strip's channels ``c`` and vectors ``v`` (``x``, ``w`` C-contiguous, offsets flat):
+    each input vector loaded once (unaligned), each weight broadcast once, one fused
+    multiply-add per pair (``llvm.fma``: one rounding, NaN and infinities as IEEE's)."""
+    sig = types.none(acc, x, xoff, w, woff)
+
+    def codegen(context, builder, signature, args):
+        ft, lanes, vt = _lanes(context, x.dtype)
+        slots = _slots(builder, args[0], vt)
+        xp = _at(context, builder, signature.args[1], args[1], args[2])
+        wp = _at(context, builder, signature.args[3], args[3], args[4])
+        name = f"llvm.fma.v{lanes}{'f32' if lanes == 16 else 'f64'}"
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), name)
+        size = context.get_abi_sizeof(ft)
+        xs = [builder.load(builder.bitcast(cgutils.gep(builder, xp, v * lanes), ir.PointerType(vt)), align=size)
+              for v in range(STRIP_VECTORS)]
+        spread = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+        for c in range(STRIP_CHANNELS):
+            one = builder.insert_element(ir.Constant(vt, ir.Undefined), builder.load(cgutils.gep(builder, wp, c)),
+                                         ir.Constant(ir.IntType(32), 0))
+            wv = builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), spread)
+            for v in range(STRIP_VECTORS):
+                slot = cgutils.gep(builder, slots, 0, c * STRIP_VECTORS + v)
+                builder.store(builder.call(fma, [xs[v], wv, builder.load(slot)]), slot)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _strip_save(typingctx, acc, buf, off, stride):
+    """A strip's accumulators into ``buf`` (C-contiguous): channel ``c``'s vectors at ``off + c *
+    stride`` on."""
+    sig = types.none(acc, buf, off, stride)
+
+    def codegen(context, builder, signature, args):
+        ft, lanes, vt = _lanes(context, buf.dtype)
+        slots = _slots(builder, args[0], vt)
+        size = context.get_abi_sizeof(ft)
+        for c in range(STRIP_CHANNELS):
+            at = builder.add(args[2], builder.mul(args[3], ir.Constant(args[3].type, c)))
+            bp = _at(context, builder, signature.args[1], args[1], at)
+            for v in range(STRIP_VECTORS):
+                dst = builder.bitcast(cgutils.gep(builder, bp, v * lanes), ir.PointerType(vt))
+                builder.store(builder.load(cgutils.gep(builder, slots, 0, c * STRIP_VECTORS + v)), dst, align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @njit(**OPTIONS)
-def direct_rows(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, groups, code, first, last):
-    """:func:`direct_wide` for any stride: per output row, one strided loop per (channel, tap)."""
-    o_out, cg, kh, kw = w.shape
-    ho, wo = out.shape[2], out.shape[3]
+def direct_strips(x, wt, toff, bias, out, sh, sw, pt, pl, rows, rt, wq, groups, code, first, last):
+    """Direct conv2d for few input channels per group (the 3-channel 7x7 stem), any stride,
+    dilation and padding, blocked over output channels and positions in registers.
+
+    ``x`` (N, C, H, W) any strides; ``wt`` (groups, kblocks, taps, STRIP_CHANNELS) C-contiguous:
+    each group's weights in blocks of ``STRIP_CHANNELS`` output channels (zero past the group's
+    last), per tap ``(c, i, j)`` the block's channels together; ``toff`` (taps,): where each tap
+    reads in the task's tile (below); ``out`` (N, O, Ho, Wo) C-contiguous; ``bias`` (O,) or size
+    0; ``code`` the fused activation (:data:`FUSED`). One task per (image, group, block of
+    ``rows`` output rows), tasks ``first:last``.
+
+    A task first copies the input its rows read into a tile of *stride phases*: for each channel
+    and phase ``(py, px)`` a plane of ``rt`` rows of ``wq`` values, ``plane[ii, jj] =
+    xpad[sh * (oy0 + ii) + py, sw * jj + px]`` (zero where the padding is, or past the input).
+    Tap ``(i, j)`` of output ``(oy, ox)`` then reads ``plane[(oy - oy0) + dh * i // sh, ox +
+    dw * j // sw]`` of phase ``(dh * i % sh, dw * j % sw)``: the block's outputs, counted *wide*
+    (``q = (oy - oy0) * wq + ox``, ``ox`` up to ``wq``; the columns from ``Wo`` on are dropped),
+    read consecutive values of the tile from ``toff[tap] + q``, whatever the stride: stride 2
+    needs no gather. The padding is in the tile, so the taps over it are multiplied like the
+    others (a NaN or infinite weight there gives NaN, as the float64 reference) and the loop over
+    taps has no branch.
+
+    Each strip of ``STRIP_VECTORS`` vectors of wide positions and ``STRIP_CHANNELS`` channels then
+    sums every tap in registers (:func:`_strip_fma`), into a buffer of the block's wide planes,
+    whose kept columns are written out with the bias and activation."""
+    h, wd = x.shape[2], x.shape[3]
+    o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
+    cg = x.shape[1] // groups
     og = o_out // groups
+    kblocks, taps, kc = wt.shape[1], wt.shape[2], wt.shape[3]
+    nblk = (ho + rows - 1) // rows
+    plane = rt * wq
+    step = STRIP_VECTORS * (64 // x.itemsize)  # wide positions per strip
+    span = (rows * wq + step - 1) // step * step
+    tile = np.zeros(cg * sh * sw * plane + wq + step, x.dtype)  # the slack: strips past the block's end
+    wide = np.empty(kc * span, x.dtype)
     has_bias = bias.shape[0] > 0
-    plane = hp * wp
+    zero = x.dtype.type(0.0)
     for t in range(first, last):
-        n = t // groups
-        g = t % groups
-        flat = np.zeros(cg * plane, x.dtype)
+        n = t // (groups * nblk)
+        r = t - n * groups * nblk
+        g = r // nblk
+        oy0 = (r - g * nblk) * rows
+        cnt = min(rows, ho - oy0)
         for c in range(cg):
-            _pad(flat[c * plane:(c + 1) * plane], x[n, g * cg + c], pt, pl, wp)
-        for oo in range(og):
-            o = g * og + oo
-            for oy in range(ho):
-                row_acc = out[n, o, oy]
-                _zero(row_acc)
-                for c in range(cg):
-                    for i in range(kh):
-                        r0 = c * plane + (oy * sh + i * dh) * wp
-                        row = flat[r0:r0 + wp]
-                        for j in range(kw):
-                            _tap_row(row_acc, row, w[o, c, i, j], j * dw, sw, wo)
-                act_row(row_acc, bias[o] if has_bias else x.dtype.type(0.0), code)
+            for py in range(sh):
+                for ii in range(rt):
+                    y = sh * (oy0 + ii) + py - pt
+                    for px in range(sw):
+                        at = ((c * sh + py) * sw + px) * plane + ii * wq
+                        dst = tile[at:at + wq]
+                        lo = min(wq, max(0, (pl - px + sw - 1) // sw))  # the first column in the input
+                        hi = max(lo, min(wq, (wd - 1 + pl - px) // sw + 1))
+                        if y < 0 or y >= h:
+                            lo = hi = wq
+                        for j in range(lo):
+                            dst[j] = zero
+                        if hi > lo:
+                            src = x[n, g * cg + c, y]
+                            for j in range(lo, hi):
+                                dst[j] = src[sw * j + px - pl]
+                        for j in range(hi, wq):
+                            dst[j] = zero
+        for kb in range(kblocks):
+            wbase = (g * kblocks + kb) * taps * kc
+            for q0 in range(0, cnt * wq, step):
+                acc = _strip_zero(tile)
+                for tp in range(taps):
+                    _strip_fma(acc, tile, toff[tp] + q0, wt, wbase + tp * kc)
+                _strip_save(acc, wide, q0, span)
+            for k in range(min(kc, og - kb * kc)):
+                o = g * og + kb * kc + k
+                b = bias[o] if has_bias else zero
+                for yy in range(cnt):
+                    row = out[n, o, oy0 + yy]
+                    src = wide[k * span + yy * wq:k * span + yy * wq + wo]
+                    if code == 2:  # ReLU, NaN kept (as act_row)
+                        for ox in range(wo):
+                            v = src[ox] + b
+                            row[ox] = zero if v < zero else v
+                    else:
+                        for ox in range(wo):
+                            row[ox] = src[ox] + b
 
 
 @njit(**OPTIONS)
@@ -1160,6 +1286,14 @@ def par_batch(fn, x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo
     ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
         fn(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, mb, code,
+           tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(**WRAPPER)
+def par_direct(fn, x, wt, toff, bias, out, sh, sw, pt, pl, rows, rt, wq, groups, code, tasks, pieces):
+    """:func:`direct_strips` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        fn(x, wt, toff, bias, out, sh, sw, pt, pl, rows, rt, wq, groups, code,
            tasks * p // pieces, tasks * (p + 1) // pieces)
 
 

@@ -346,7 +346,7 @@ def split(tasks: int, flops: float) -> Any:
 
 
 def prepare_numba(problem: Problem, config: Any) -> Any:
-    """The launcher of ``numpy.conv2d.numba_depthwise`` / ``numba_direct``."""
+    """The launcher of ``numpy.conv2d.numba_depthwise``."""
     nb, code, fused = _loops(problem)
     (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
     pt, pb, pl, pr = problem.attrs["padding"]
@@ -354,11 +354,8 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     o, cg, kh, kw = problem.shapes[1]
     hp, wp = h + pt + pb, wd + pl + pr
     dt = compute_dtype(problem.dtype)
-    dw_path = is_depthwise(problem)
-    name = "numpy.conv2d.numba_depthwise" if dw_path else "numpy.conv2d.numba_direct"
     wide = sh == sw == 1  # each specialization compiles on its own first use
-    tasks = problem.out_shape[0] * (problem.shapes[0][1] if dw_path else problem.attrs["groups"])
-    spread = split(tasks, _flops(problem))
+    spread = split(problem.out_shape[0] * problem.shapes[0][1], _flops(problem))
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -366,19 +363,77 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         w = np.ascontiguousarray(w, dt)
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
         out = buffers.empty(problem.out_shape, dt)
-        g = problem.attrs["groups"]
-        if dw_path and wide:
+        if wide:
             spread(nb.depthwise_wide, x, w.reshape(o, kh, kw), b, out, dh, dw, pt, pl, hp, wp, fused)
-        elif dw_path:
-            spread(nb.depthwise_rows, x, w.reshape(o, kh, kw), b, out, sh, sw, dh, dw, pt, pl, hp, wp, fused)
-        elif wide:
-            spread(nb.direct_wide, x, w, b, out, dh, dw, pt, pl, hp, wp, g, fused)
         else:
-            spread(nb.direct_rows, x, w, b, out, sh, sw, dh, dw, pt, pl, hp, wp, g, fused)
+            spread(nb.depthwise_rows, x, w.reshape(o, kh, kw), b, out, sh, sw, dh, dw, pt, pl, hp, wp, fused)
         _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 
-    return jit.first_use(name, launch)
+    return jit.first_use("numpy.conv2d.numba_depthwise", launch)
+
+
+#: the largest tile of stride phases a task of ``numba_direct`` copies its input into (bytes; the
+#: block's wide output planes beside it, both in L2). The stem, alternating budgets: 2.79 ms at
+#: batch 4 and 6.05 at batch 8 with 128 KB (20 rows a task), 3.04 and 6.33 with 1 MB (56, 112
+#: rows), 2.99 and 6.68 with 64 KB (8 rows); level at batch 1 (14 rows: four tasks a thread)
+DIRECT_TILE_BYTES = 128 << 10
+
+
+def _direct_plan(problem: Problem) -> tuple[int, int, int, int, int]:
+    """(kv, rows, rt, wq, tasks) of ``numba_direct``: output channels per strip (two 64-byte
+    vectors), output rows per task (four tasks a thread where the batch gives fewer, the tile
+    within :data:`DIRECT_TILE_BYTES`), the tile's rows and row length per phase, the task count."""
+    _, c, h, wd = problem.shapes[0]
+    _, cg, kh, kw = problem.shapes[1]
+    g = problem.attrs["groups"]
+    n, _, ho, _ = problem.out_shape
+    (sh, sw), (dh, _) = problem.attrs["stride"], problem.attrs["dilation"]
+    _, _, pl, pr = problem.attrs["padding"]
+    size = np.dtype(compute_dtype(problem.dtype)).itemsize
+    kv = 8  # _nb_conv.STRIP_CHANNELS
+    wq = max(1, -(-(wd + pl + pr) // sw))
+    reach = dh * (kh - 1) // sh  # the phase rows a block reads past its own
+    want = -(-4 * jit.threads() // max(1, n * g))
+    fit = DIRECT_TILE_BYTES // max(1, cg * sh * sw * wq * size) - reach
+    rows = max(1, min(ho, -(-ho // want), fit))
+    return kv, rows, rows + reach, wq, n * g * -(-ho // rows)
+
+
+def prepare_numba_direct(problem: Problem, config: Any) -> Any:
+    """The launcher of ``numpy.conv2d.numba_direct`` (:func:`._nb_conv.direct_strips`): the weights
+    arranged (group, block of ``kv`` output channels, tap, channel) once per call (64 x 3 x 7 x 7
+    for the stem: 9408 values), each tap's offset in a task's tile of stride phases computed here
+    once, then tasks of (image, group, block of output rows) on numba's threads."""
+    nb, code, fused = _loops(problem)
+    (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
+    pt, _, pl, _ = problem.attrs["padding"]
+    o, cg, kh, kw = problem.shapes[1]
+    g = problem.attrs["groups"]
+    og = o // g
+    dt = compute_dtype(problem.dtype)
+    kv, rows, rt, wq, tasks = _direct_plan(problem)
+    kblocks = -(-og // kv)
+    ci, ti, tj = (a.reshape(-1) for a in np.meshgrid(np.arange(cg), np.arange(kh), np.arange(kw), indexing="ij"))
+    toff = (((ci * sh + dh * ti % sh) * sw + dw * tj % sw) * rt * wq + dh * ti // sh * wq + dw * tj // sw)
+    toff = np.ascontiguousarray(toff, np.int64)
+    pieces = 1 if _flops(problem) < SERIAL_FLOPS else max(1, min(tasks, jit.threads() * PIECES_PER_THREAD * 2))
+
+    @np.errstate(over="ignore", invalid="ignore")
+    def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        x = x.astype(dt, copy=False)
+        wt = np.zeros((g, kblocks * kv, cg * kh * kw), dt)
+        wt[:, :og] = np.asarray(w, dt).reshape(g, og, cg * kh * kw)
+        wt = np.ascontiguousarray(wt.reshape(g, kblocks, kv, cg * kh * kw).transpose(0, 1, 3, 2))
+        b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
+        out = buffers.empty(problem.out_shape, dt)
+        if out.size:
+            run_tasks(nb, nb.par_direct, nb.direct_strips, (x, wt, toff, b, out, sh, sw, pt, pl, rows, rt, wq, g,
+                      fused), tasks, pieces)
+            _activate_rest(out, b, code, fused)
+        return out.astype(problem.dtype, copy=False)
+
+    return jit.first_use("numpy.conv2d.numba_direct", launch)
 
 
 #: Column-block budgets (bytes) of ``numpy.conv2d.numba_im2col`` the tuner tries; the heuristic
@@ -917,10 +972,36 @@ def numba_depthwise_cost(problem: Problem, config: Any) -> float:
     return roofline(_flops(problem), _bytes(problem), CPU_FLOPS, CPU_BYTES * 1.5, 1e-5)
 
 
+#: ``numba_direct``'s multiply-adds per second on both threads (float32; float64 half), as
+#: computed: whole blocks of 8 output channels, every wide position of whole strips (fitted on
+#: the 7x7 stem at batch 1, 4 and 8: 0.72, 2.8, 6.0 ms, and 3x3 convs of 4 to 16 channels)
+DIRECT_RATE = 360e9
+
+
 def numba_direct_cost(problem: Problem, config: Any) -> float:
-    """Vectorized rows of taps: unit-stride rows run near the FMA rate, strided ones gather."""
-    rate = CPU_FLOPS * (1.2 if problem.attrs["stride"] == (1, 1) else 0.14)  # measured: 3x3 on 4 channels, the 7x7 stem
-    return roofline(_flops(problem), _bytes(problem), rate, CPU_BYTES * 1.5, 1e-5)
+    """The strips (:func:`._nb_conv.direct_strips`) at :data:`DIRECT_RATE`, their multiply-adds
+    counted as computed (output channels rounded up to blocks of 8, each row's ``wq`` wide
+    positions rounded up to whole strips), plus each strip's fixed work (zeroing, saving, about
+    8 taps' worth: short reductions pay it most), threads idle where there are fewer tasks than
+    threads (or one thread for few flops), the tiles written and a call's fixed cost (the
+    weights arranged, the parallel region). Measured against the model: the stem 0.72 / 0.78 ms
+    at batch 1, 3x3 from 4 channels to 32 on 4 x 56 x 56 0.150 / 0.16, 16 to 64 0.81 / 0.79,
+    8 to 128 on 4 x 28 x 28 0.25 / 0.24, 1x1 16 to 16 on 2 x 32 x 32 0.063 / 0.066."""
+    kv, rows, rt, wq, tasks = _direct_plan(problem)
+    o, cg, kh, kw = problem.shapes[1]
+    g = problem.attrs["groups"]
+    n, _, ho, _ = problem.out_shape
+    sh, sw = problem.attrs["stride"]
+    size = np.dtype(compute_dtype(problem.dtype)).itemsize
+    step = 3 * 64 // size  # _nb_conv.STRIP_VECTORS vectors of 64 bytes
+    taps = cg * kh * kw
+    positions = n * g * -(-ho // rows) * -(-(rows * wq) // step) * step
+    flops = 2.0 * positions * -(-(o // g) // kv) * kv * max(1, taps)
+    threads = jit.threads()
+    idle = threads if _flops(problem) < SERIAL_FLOPS else max(1.0, threads / max(1, tasks))
+    compute = flops / (DIRECT_RATE * 4 / size) * (1 + 8 / max(1, taps)) * idle
+    tiles = tasks * cg * sh * sw * rt * wq * size
+    return compute + tiles / PASS_BYTES + 4e-5
 
 
 def kernels() -> list[Kernel]:
@@ -936,7 +1017,7 @@ def kernels() -> list[Kernel]:
         out += [Kernel("conv2d", "numpy.conv2d.numba_depthwise", "cpu", FLOATS, prepare=prepare_numba,
                        supports=is_depthwise, cost=numba_depthwise_cost, source=src,
                        notes=jit.notes("numpy.conv2d.numba_depthwise")),
-                Kernel("conv2d", "numpy.conv2d.numba_direct", "cpu", FLOATS, prepare=prepare_numba,
+                Kernel("conv2d", "numpy.conv2d.numba_direct", "cpu", FLOATS, prepare=prepare_numba_direct,
                        supports=is_direct, cost=numba_direct_cost, source=src,
                        notes=jit.notes("numpy.conv2d.numba_direct")),
                 Kernel("conv2d", "numpy.conv2d.numba_gemm", "cpu", FLOATS, prepare=prepare_numba_gemm,
