@@ -1,5 +1,5 @@
 """The cpu backend's GEMM convolutions (``numpy.conv2d.numba_gemm``, ``numba_im2col``, ``numba_batch``,
-``numba_winograd`` in both tile sizes)
+``numba_winograd`` in both tile sizes) and its register-blocked direct one (``numba_direct``)
 on problems that reach every branch of their task loops: several blocks of rows or positions with
 a short last one (the cache budgets of every config), groups, padding wider than the kernel,
 dilation, a 1x1 conv with padding (the shifted-taps path, not the pointwise one), float64, strided
@@ -115,6 +115,55 @@ def test_numba_winograd_every_branch(case):
     clean(check_kernel(registry().kernels["numpy.conv2d.numba_winograd"], CPU, cases=[case]))
 
 
+#: numba_direct (:func:`._nb_conv.direct_strips`): odd maps, strides 2 and 3, padding past the
+#: kernel, asymmetric ("same" with an even kernel), dilation, groups, size-1 dims, strided and
+#: transposed inputs, float64 (8 lanes), output channels past one block of 8 and not a multiple
+#: of it, several blocks of rows with a short last one, rows wider than a strip, one row a task
+#: (a tile budget that holds one), no bias, the fused ReLU and second-pass activations
+DIRECT = [
+    _cv((1, 3, 29, 31), (8, 3, 7, 7), stride=2, padding=3, activation="relu"),  # the stem, small
+    _cv((2, 3, 13, 17), (7, 3, 3, 3), stride=3, padding=4),  # padding past the kernel
+    _cv((2, 3, 9, 8), (4, 3, 4, 2), padding="same", activation="gelu"),  # asymmetric padding
+    _cv((2, 4, 15, 13), (10, 4, 3, 3), padding=2, dilation=2, activation="gelu_tanh"),
+    _cv((2, 3, 16, 15), (6, 3, 3, 5), stride=(2, 3), padding=(3, 1), dilation=(2, 1), activation="silu"),
+    _cv((2, 6, 11, 10), (12, 2, 3, 3), stride=(2, 1), padding=1, groups=3, activation="relu"),  # grouped
+    _cv((1, 1, 1, 1), (1, 1, 1, 1)),
+    _cv((3, 2, 1, 9), (5, 2, 1, 3), padding=(0, 1)),  # one input row
+    _cv((1, 3, 7, 1), (4, 3, 3, 1), stride=2, padding=(1, 0)),  # one input column
+    _cv((2, 3, 12, 11), (6, 3, 3, 3), padding=1, views=("T", "slice")),  # strided operands
+    _cv((2, 3, 14, 13), (9, 3, 5, 5), stride=2, padding=2, views=("slice",), activation="relu"),
+    _cv((2, 3, 20, 19), (20, 3, 5, 5), stride=2, padding=2, dtype="float64", activation="relu"),
+    _cv((1, 3, 40, 45), (19, 3, 7, 7), stride=2, padding=3, bias=False),  # 3 blocks of channels, short last
+    _cv((1, 2, 150, 20), (9, 2, 3, 3), padding=1, activation="relu"),  # 8 blocks of 19 rows, the last 17
+    _cv((1, 3, 9, 200), (8, 3, 3, 3), stride=(1, 2), padding=1),  # rows of several strips
+    _cv((1, 3, 4, 3000), (8, 3, 3, 3), padding=1, activation="relu"),  # one row a task
+    _cv((5, 16, 9, 10), (24, 16, 3, 3), padding=1, dtype="float64"),  # 16 channels, whole images a task
+]
+
+
+@pytest.mark.parametrize("case", DIRECT, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}-{c.dtype}")
+def test_numba_direct_every_branch(case):
+    clean(check_kernel(registry().kernels["numpy.conv2d.numba_direct"], CPU, cases=[case]))
+
+
+def test_numba_direct_plans_cover_every_row():
+    """The plan's tiles hold every phase row a block reads, and its tasks cover the output rows."""
+    from opruntime_numpy.conv import _direct_plan
+
+    from opruntime.ops.conv import CONV2D
+
+    for xs, ws, attrs in [((1, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3)),
+                          ((8, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3)),
+                          ((1, 3, 4, 3000), (8, 3, 3, 3), dict(padding=1)),
+                          ((2, 3, 13, 17), (7, 3, 3, 3), dict(stride=3, padding=4, dilation=2))]:
+        p = CONV2D.problem_for("cpu", [xs, ws], "float32", **attrs)
+        kv, rows, rt, wq, tasks = _direct_plan(p)
+        (sh, sw), (dh, dw) = p.attrs["stride"], p.attrs["dilation"]
+        n, _, ho, wo = p.out_shape
+        assert kv == 8 and 1 <= rows <= ho and tasks == n * -(-ho // rows)
+        assert rt == rows + dh * (ws[2] - 1) // sh and wo + dw * (ws[3] - 1) // sw <= wq
+
+
 @pytest.mark.parametrize("case", BATCH, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
 def test_numba_batch_every_branch(case):
     clean(check_kernel(registry().kernels["numpy.conv2d.numba_batch"], CPU, cases=[case]))
@@ -146,8 +195,9 @@ RESNET = [
     ((4, 128, 56, 56), (128, 128, 3, 3), 2, 1, "numpy.conv2d.numba_im2col"),
     ((4, 256, 56, 56), (512, 256, 1, 1), 2, 0, "numpy.conv2d.numba_im2col"),
     ((4, 512, 28, 28), (1024, 512, 1, 1), 2, 0, "numpy.conv2d.numba_im2col[images=2]"),
-    ((4, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_im2col[cols_bytes=1048576]"),
-    ((1, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_im2col[cols_bytes=1048576]"),
+    ((4, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_direct"),  # the stem: 2.8 ms (numba_im2col 4.5)
+    ((1, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_direct"),  # 0.72 ms (1.26)
+    ((8, 3, 224, 224), (64, 3, 7, 7), 2, 3, "numpy.conv2d.numba_direct"),  # 6.0 ms (9.3)
 ]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-KERNELS = ("numba_gemm", "numba_im2col", "numba_batch", "numba_winograd")
+KERNELS = ("numba_gemm", "numba_im2col", "numba_batch", "numba_winograd", "numba_direct")
 #: Winograd's tile size the cost model does not pick for the test's problem, run through its launcher
 OTHER = ("numba_winograd_tile2", "numba_winograd_tile4")
 
@@ -26,7 +26,8 @@ def _first_uses(cache: str) -> dict[str, float]:
         rng = np.random.default_rng(0)
         x = rng.standard_normal((2, 16, 9, 9)).astype(np.float32)
         w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
-        for k, stride in (("numba_gemm", 1), ("numba_im2col", 2), ("numba_batch", 1), ("numba_winograd", 1)):
+        for k, stride in (("numba_gemm", 1), ("numba_im2col", 2), ("numba_batch", 1), ("numba_winograd", 1),
+                          ("numba_direct", 2)):
             with opr.override(ops={"conv2d": {"kernel": "numpy.conv2d." + k}}, strict=True):
                 opr.conv2d(x, w, w[:, 0, 0, 0], stride=stride, padding=1, activation="relu")
             print(k, jit.COMPILE_S["numpy.conv2d." + k])
