@@ -7,6 +7,14 @@ baseline im2col + cuBLAS.
   table, so stride, 4-sided padding, dilation, groups and strided inputs cost nothing extra.
 * ``igemm_mma`` (``conv_mma.cu``): the same on the tensor cores for float16 / bfloat16
   (mma.sync m16n8k16, ldmatrix, float32 accumulation).
+* ``igemm_tma`` (``matmul_tma.cu`` with ``CONV 1``, Hopper): the GEMM the other way round (M =
+  output channels, N = output pixels, K = taps x channels in chunks of 64) on the warp-specialised
+  persistent GEMM: a producer warpgroup loads the weight's tiles and the input's with the tensor
+  memory accelerator, the input through an im2col tensor map (the hardware forms each output
+  position's address at a tap, steps by the stride and zero-fills the padding); two consumer
+  warpgroups multiply with wgmma; the NCHW output goes out through TMA stores. The maps need
+  channels-last operands: the input and weight are copied so (``layout.cu``) unless they already
+  are (a channels-last view, ``x.transpose(0, 3, 1, 2)`` of an NHWC array, is read in place).
 * ``winograd_f2x3`` / ``winograd_f4x3`` (``conv_winograd.cu`` + ``conv_simt.cu``): 3x3 stride-1
   float32 convolutions by Winograd F(2x2, 3x3) / F(4x4, 3x3): filter and input transforms, the
   16 / 36 products as one grouped GEMM on the SIMT kernel above (2.25x / 4x fewer multiplies
@@ -35,10 +43,22 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from opruntime.kernels import Kernel, Problem, itemsize
+from opruntime.kernels import Kernel, Problem, Refusal, itemsize
 
 from . import compile as cc
-from .conv_launch import DTYPE_CODE, INT_MAX, Conv, int32_ok, pointwise, preparer, wino_gemm, wino_tiles
+from . import layout
+from .conv_launch import (
+    CHUNK,
+    DTYPE_CODE,
+    INT_MAX,
+    Conv,
+    int32_ok,
+    pointwise,
+    preparer,
+    tma_corners,
+    wino_gemm,
+    wino_tiles,
+)
 
 DTYPES = frozenset(DTYPE_CODE)
 HALVES = frozenset({"float16", "bfloat16"})
@@ -57,6 +77,9 @@ def kernels() -> list[Kernel]:
                cost=_cost("simt"), config_for=_configs("simt"), configs=SIMT_CONFIGS, source=_src("conv_simt.cu")),
         Kernel("conv2d", "cupy.conv2d.igemm_mma", "cuda", HALVES, prepare=preparer("mma"), supports=_igemm_ok,
                cost=_cost("mma"), config_for=_configs("mma"), configs=MMA_CONFIGS, source=_src("conv_mma.cu")),
+        Kernel("conv2d", "cupy.conv2d.igemm_tma", "cuda", HALVES, prepare=preparer("tma"), supports=_tma_ok,
+               cost=_cost("tma"), config_for=_configs("tma"), configs=TMA_CONFIGS,
+               source=_src("matmul_tma.cu") + _src("layout.cu")),
         Kernel("conv2d", "cupy.conv2d.winograd_f2x3", "cuda", WINO_DTYPES, prepare=preparer("winograd2"), supports=_winograd_ok,
                cost=_cost("winograd2"), config_for=_configs("winograd2"), configs=SIMT_CONFIGS,
                source=_src("conv_winograd.cu") + _src("conv_simt.cu")),
@@ -79,6 +102,10 @@ SIMT_CONFIGS = ({"bm": 64, "bn": 128, "bk": 16, "minb": 3}, {"bm": 64, "bn": 128
 MMA_CONFIGS = ({"bm": 128, "bn": 128, "wm": 2, "wn": 4, "minb": 2}, {"bm": 64, "bn": 128, "wm": 2, "wn": 2, "minb": 3},
                {"bm": 128, "bn": 64, "wm": 2, "wn": 2, "minb": 3}, {"bm": 64, "bn": 64, "wm": 2, "wn": 2, "minb": 4})
 
+#: the TMA kernel's tiles (output channels x output pixels) and pipeline stages, as matmul_tma.cu's
+TMA_CONFIGS = ({"bm": 128, "bn": 256, "stages": 3}, {"bm": 128, "bn": 128, "stages": 6},
+               {"bm": 64, "bn": 256, "stages": 4}, {"bm": 64, "bn": 128, "stages": 8})
+
 
 def _src(name: str) -> str:
     return cc.source(name)
@@ -95,6 +122,24 @@ def _igemm_ok(problem: Problem) -> bool:
 def _depthwise_ok(problem: Problem) -> bool:
     cv = Conv(problem)
     return cv.groups == cv.c and cv.cg == 1 and int32_ok(cv, problem)
+
+
+def _tma_ok(problem: Problem) -> bool | Refusal:
+    """Hopper; one group; input channels a multiple of 8 (channels-last rows of 16-byte
+    multiples); the im2col map's bounding box and tap offsets in range; no empty dim."""
+    cv = Conv(problem)
+    if cv.groups != 1:
+        return Refusal("a grouped convolution")
+    if cv.c % 8:
+        return Refusal("input channels not a multiple of 8 (channels-last rows must be 16-byte multiples)")
+    if min(cv.npq, cv.k, cv.c) == 0:
+        return Refusal("an empty dim")
+    lower, upper = tma_corners(cv)
+    if not all(-128 <= v < 128 for v in (*lower, *upper)) or max(cv.r * cv.dil_h, cv.s * cv.dil_w) >= 1 << 16:
+        return Refusal("padding, stride or dilation beyond the im2col map's range")
+    if not (int32_ok(cv, problem) and layout.fits(max(cv.n, cv.k), cv.c)):
+        return False
+    return cc.arch_of(problem.device.provider.index) == "90"
 
 
 def _vendor_ok(problem: Problem) -> bool:
@@ -130,7 +175,11 @@ SHORT_CRS, FULL_CRS = 256, 576
 # (35 TFLOP/s, 0.53 of the fp32 peak) and 30 us fp16 (110 TFLOP/s, 0.11 of the dense fp16 peak).
 # Through cupy.matmul, which broadcast the shared weight with ~200 us of host work, they had been
 # 0.23 and 0.013.
-EFFICIENCY = {"depthwise": 0.5, "gemm32": 0.5, "gemm16": 0.11, "cols": 0.3, "transform": 0.6}
+EFFICIENCY = {"depthwise": 0.5, "gemm32": 0.5, "gemm16": 0.11, "cols": 0.3, "transform": 0.6, "layout": 0.6}
+#: the TMA kernel per tile: (fraction of the SM's fp16 peak in the MMAs, seconds a round of tiles
+#: adds), as matmul.TMA_CONFIGS (a first guess from the GEMM's figures until measured on conv layers)
+TMA_EFF = {(128, 256): (0.83, 6.7e-6), (128, 128): (0.765, 2.8e-6), (64, 256): (0.736, 2.6e-6),
+           (64, 128): (0.65, 2.0e-6)}
 
 
 def _fill(cv: Conv, bm: int, bn: int, sms: int) -> float:
@@ -164,6 +213,14 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
             short = min(1.0, max(0.0, (cv.crs - SHORT_CRS) / (FULL_CRS - SHORT_CRS)))
             eff = MMA_EFF[tile] * (MMA_SHORT[tile] + (1 - MMA_SHORT[tile]) * short) * _fill(cv, *tile, sms)
             return max(cv.flops / (f16 * eff), io / bw) + LAUNCH_S
+        if kind == "tma":  # per round of tiles, as matmul.cost_tma; + the channels-last copies
+            bm, bn = config["bm"], config["bn"]
+            rounds = -(-(-(-cv.k // bm) * -(-cv.npq // bn)) // sms)
+            depth = cv.r * cv.s * -(-cv.c // CHUNK) * CHUNK
+            eff, round_s = TMA_EFF[(bm, bn)]
+            t = max(rounds * (2.0 * bm * bn * depth / (f16 / sms * eff) + round_s), io / bw)
+            copies = 2 * (cv.x_extent() + cv.k * cv.crs) * isz / (bw * EFFICIENCY["layout"])
+            return t + copies + 3 * LAUNCH_S
         if kind.startswith("winograd"):
             m = int(kind[-1])
             moved = (2 * (m + 2) ** 2 * (cv.c + cv.k) * wino_tiles(cv, m)) * 4 + io  # V and M written, read back
@@ -181,7 +238,7 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
 
 
 def _configs(kind: str) -> Callable[[Problem], list[Mapping[str, Any]]]:
-    table = MMA_CONFIGS if kind == "mma" else SIMT_CONFIGS
+    table = {"mma": MMA_CONFIGS, "tma": TMA_CONFIGS}.get(kind, SIMT_CONFIGS)
     cost = _cost(kind)
 
     def config_for(problem: Problem) -> list[Mapping[str, Any]]:
@@ -222,4 +279,11 @@ def build_variants() -> list[tuple[str, dict]]:
     out.append(("conv_simt.cu", {"DTYPE": 3, "BM": 64, "BN": 64, "BK": 8, "MINB": 1, "ACT": 2}))
     out.append(("conv_mma.cu", {"DTYPE": 2, "BM": 128, "BN": 128, "WARPS_M": 2, "WARPS_N": 4, "AVEC": 1, "MINB": 2,
                                 "ACT": 4}))
+    for cfg in TMA_CONFIGS:  # the TMA kernel's conv mode: both epilogue stores, bias, an activation, bf16
+        for store in (0, 1):
+            out.append(("matmul_tma.cu", {"CONV": 1, "BM": cfg["bm"], "BN": cfg["bn"], "STAGES": cfg["stages"],
+                                          "STORE_TMA": store, "BF16": 0, "BIAS": 1, "ACT": 0}))
+    out.append(("matmul_tma.cu", {"CONV": 1, "BM": 128, "BN": 256, "STAGES": 3, "STORE_TMA": 1, "BF16": 1,
+                                  "BIAS": 0, "ACT": 2}))
+    out += [("layout.cu", {"ELEM": e}) for e in (2, 4, 8)]
     return out

@@ -123,9 +123,9 @@ def _blocks_per_sm(kind: str, cfg: Mapping[str, Any], dtype: str) -> int:
 
 def preparer(kind: str) -> Callable[[Problem, Mapping[str, Any]], Callable[..., Any]]:
     """The ``prepare(problem, config) -> launch(x, w, b=None)`` of one kernel (``simt``, ``mma``,
-    ``winograd2``, ``winograd4``, ``depthwise`` or ``vendor``)."""
+    ``tma``, ``winograd2``, ``winograd4``, ``depthwise`` or ``vendor``)."""
     build = {"simt": _build_igemm, "mma": _build_igemm, "winograd2": _build_winograd, "winograd4": _build_winograd,
-             "depthwise": _build_depthwise, "vendor": _build_vendor}[kind]
+             "depthwise": _build_depthwise, "vendor": _build_vendor, "tma": _build_tma}[kind]
 
     def prepare(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
         return build(kind, problem, config)
@@ -134,12 +134,13 @@ def preparer(kind: str) -> Callable[[Problem, Mapping[str, Any]], Callable[..., 
     return prepare
 
 
-def _operands(cv: Conv, need_aligned_w: bool = False) -> Callable[[Any, Any], tuple[Any, Any]]:
-    """Make the weight (and bias) contiguous where the problem says they are not."""
+def _operands(cv: Conv, need_aligned_w: bool = False, weight: bool = True) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """Make the weight (unless not ``weight``: the kernel copies it itself) and the bias
+    contiguous where the problem says they are not."""
     import cupy
 
     def fix(w: Any, b: Any) -> tuple[Any, Any]:
-        if not cv.w_contig or (need_aligned_w and w.data.ptr & 15):
+        if weight and (not cv.w_contig or (need_aligned_w and w.data.ptr & 15)):
             w = cupy.array(w, order="C", copy=True)
         if b is not None and not cv.b_contig:
             b = cupy.ascontiguousarray(b)
@@ -194,6 +195,115 @@ def _build_igemm(kind: str, problem: Problem, config: Mapping[str, Any]) -> Call
         return y
 
     return _launcher(dev, fix, body)
+
+
+# -- the TMA implicit GEMM (matmul_tma.cu, CONV 1) -----------------------------------------------------
+
+#: ConvGemm of matmul_tma.cu, passed by value
+CONV_GEMM = ("k", "npq", "pq", "q", "str_h", "str_w", "pad_t", "pad_l", "dil_h", "dil_w", "s", "chunks", "ktiles")
+CHUNK = 64  # input channels a k step takes (one 128-byte swizzled row)
+
+
+def channels_last(strides: tuple[int, ...], inner: int) -> bool:
+    """Whether an NCHW / KCRS operand with these element ``strides`` is channels-last in memory as
+    the tensor maps can read it: channels contiguous, every other step a 16-byte multiple, forward;
+    ``inner``: the weight's taps, which must also fold into one step (r's = S x s's)."""
+    sn, sc, sh, sw = strides
+    ok = sc == 1 and all(v > 0 and v % 8 == 0 for v in (sn, sh, sw))
+    return ok and (inner == 0 or sh == inner * sw)
+
+
+def tma_corners(cv: Conv) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The im2col map's bounding box (W first, then H): the input pixels where the filter windows
+    of the output positions start, [-pad, dim + upper) per dim, stepped by the stride."""
+    lower = (-cv.pad_l, -cv.pad_t)
+    upper = ((cv.q - 1) * cv.str_w + 1 - cv.w - cv.pad_l, (cv.p - 1) * cv.str_h + 1 - cv.h - cv.pad_t)
+    return lower, upper
+
+
+def tma_conv_gemm(cv: Conv) -> np.void:
+    """The ``ConvGemm`` block of a problem."""
+    chunks = -(-cv.cg // CHUNK)
+    vals = (cv.k, cv.npq, cv.p * cv.q, cv.q, cv.str_h, cv.str_w, cv.pad_t, cv.pad_l, cv.dil_h, cv.dil_w, cv.s,
+            chunks, cv.r * cv.s * chunks)
+    return np.array(vals, np.dtype([(f, "<i4") for f in CONV_GEMM]))[()]
+
+
+def _build_tma(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
+    """conv2d on ``matmul_tma.cu``'s warp-specialised GEMM: the input as NHWC (copied so by
+    ``layout.cu`` unless it already is), the weight as (K, R*S, C), the NCHW output written by the
+    kernel. A call's three tensor maps are one encoded map each with the call's address written in
+    (:class:`tma.TileMaps`), launched through one parameter block (:class:`compile.FastLaunch`)."""
+    import ctypes
+
+    import cupy
+
+    from . import layout, tma
+    from .matmul_launch import tma_smem
+
+    cv, dev, dt = Conv(problem), problem.device.provider.index, problem.dtype
+    name = "cupy.conv2d.igemm_tma"
+    bm, bn, st = config["bm"], config["bn"], config["stages"]
+    pq = cv.p * cv.q
+    store_tma = int(pq % 8 == 0)  # the output map's rows (P*Q pixels) are 16-byte multiples
+    d = {"CONV": 1, "BM": bm, "BN": bn, "STAGES": st, "STORE_TMA": store_tma, "BF16": int(dt == "bfloat16"),
+         "BIAS": int(cv.has_bias), **act_define(problem)}
+    fn = cc.get_function("matmul_tma.cu", "hgemm_tma", d, dev, kernel=name, arch="90a")
+    smem = tma_smem({"BM": bm, "BN": bn, "STAGES": st, "BK": CHUNK}, store_tma)
+    with cupy.cuda.Device(dev):
+        fn.max_dynamic_shared_size_bytes = smem
+    tiles = -(-cv.k // bm) * -(-cv.npq // bn)
+    grid, block = (min(tiles, problem.device.provider.sm_count),), ((bm // 64 + 1) * 128,)
+    c, isz = cv.c, 2
+    # the input: used in place when channels-last already, else copied to NHWC each call
+    x_direct = channels_last(tuple(cv.sx), 0)
+    sx = (cv.sx[0], cv.sx[2], cv.sx[3]) if x_direct else (cv.h * cv.w * c, cv.w * c, c)  # N, H, W steps
+    to_nhwc = None if x_direct else layout.to_channels_last(isz, dev, (cv.n, c, cv.h, cv.w), tuple(cv.sx))
+    ws = problem.strides[1] or c_strides(problem.shapes[1])
+    w_direct = channels_last(tuple(ws), cv.s)
+    sw = (ws[0], ws[3]) if w_direct else (cv.r * cv.s * c, c)  # K, tap steps
+    to_krsc = None if w_direct else layout.to_channels_last(isz, dev, (cv.k, c, cv.r, cv.s), tuple(ws))
+    lower, upper = tma_corners(cv)
+    maps_w = tma.tiles(dt, (c, cv.r * cv.s, cv.k), (sw[1] * isz, sw[0] * isz), (CHUNK, 1, bm))
+    maps_x = tma.TileMaps(lambda ptr: tma.im2col_map(ptr, dt, (c, cv.w, cv.h, cv.n),
+                                                     (sx[2] * isz, sx[1] * isz, sx[0] * isz), lower, upper, CHUNK,
+                                                     bn, (1, cv.str_w, cv.str_h, 1)), f"im2col {problem}")
+    maps_y = tma.tiles(dt, (pq, cv.k, cv.n), (pq * isz, cv.k * pq * isz), (64, 64, 1)) if store_tma else maps_w
+    params = tma_conv_gemm(cv)
+    has_bias = cv.has_bias
+    quick = None
+    if maps_w.patched and maps_x.patched and maps_y.patched:
+        words = [(ctypes.c_uint64 * 16)(*m.words.tolist()) for m in (maps_w, maps_x, maps_y)]
+        block_params = (ctypes.c_int32 * len(CONV_GEMM))(*params.tolist())
+        quick = cc.FastLaunch(fn, grid, block, pointers=1 + has_bias, scalars=[*words, block_params],
+                              shared_mem=smem, patches=[(i, m.slot) for i, m in enumerate((maps_w, maps_x, maps_y))])
+    shape, xshape, wshape = problem.out_shape, (cv.n, cv.h, cv.w, c), (cv.k, cv.r, cv.s, c)
+
+    def body(x: Any, w: Any, b: Any) -> Any:
+        px, pw = x.data.ptr, w.data.ptr
+        if to_nhwc is not None or px & 15:
+            xt = empty(xshape, x.dtype, f"{name} channels-last input")
+            if to_nhwc is None:  # in place but off 16 bytes (a view's offset): a contiguous copy
+                xt[...] = x.transpose(0, 2, 3, 1)
+            else:
+                to_nhwc(px, xt.data.ptr)
+            px = xt.data.ptr  # xt lives to the return: the pool may reuse it after (stream-ordered)
+        if to_krsc is not None or pw & 15:
+            wt = empty(wshape, w.dtype, f"{name} channels-last weight")
+            if to_krsc is None:
+                wt[...] = w.transpose(0, 2, 3, 1)
+            else:
+                to_krsc(pw, wt.data.ptr)
+            pw = wt.data.ptr
+        y = empty(shape, x.dtype, name)
+        if quick is not None:
+            quick(*((y.data.ptr, b.data.ptr) if has_bias else (y.data.ptr,)), pw, px, y.data.ptr)
+        else:
+            maps = (maps_w(pw), maps_x(px), maps_y(y.data.ptr), params)
+            fn(grid, block, (y, b, *maps) if has_bias else (y, *maps), shared_mem=smem)
+        return y
+
+    return _launcher(dev, _operands(cv, weight=False), body)
 
 
 def _build_winograd(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:

@@ -266,11 +266,11 @@ def _tma_launcher(problem: Problem, config: Mapping[str, Any], fallback: Mapping
     g = geometry(problem, 8)
     dev, dt = problem.device.provider.index, problem.dtype
     bm, bn, isz = config["BM"], config["BN"], 2
-    maps_a = tma.TileMaps(dt, g.K, g.M, g.sam * isz, (64, bm))
+    maps_a = tma.tiles(dt, (g.K, g.M), (g.sam * isz,), (64, bm))
     # B: n-contiguous as atoms of 64 n x 64 k; k-contiguous (a weight's transpose) as BN rows of 64 k
-    maps_b = (tma.TileMaps(dt, g.N, g.K, g.sbk * isz, (64, 64)) if g.b_ncontig
-              else tma.TileMaps(dt, g.K, g.N, g.sbn * isz, (64, bn)))
-    maps_c = tma.TileMaps(dt, g.N, g.M, g.N * isz, (64, 64)) if g.N % 8 == 0 else maps_a  # unused: stores from registers
+    maps_b = (tma.tiles(dt, (g.N, g.K), (g.sbk * isz,), (64, 64)) if g.b_ncontig
+              else tma.tiles(dt, (g.K, g.N), (g.sbn * isz,), (64, bn)))
+    maps_c = tma.tiles(dt, (g.N, g.M), (g.N * isz,), (64, 64)) if g.N % 8 == 0 else maps_a  # unused: stores from registers
     shape, what = problem.out_shape, f"{label} {problem}"
     getdev, empty = cupy.cuda.runtime.getDevice, memory.empty
     has_bias = bool((epilogue or {}).get("BIAS"))

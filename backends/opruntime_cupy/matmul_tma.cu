@@ -22,6 +22,16 @@
 // the C staging buffer (STORE_TMA) as BM/64 x BN/64 atoms of 64 rows x 64 n, chunk c of row r at
 // c ^ (r % 8), in the order (warpgroup, atom). The barriers follow.
 //
+// CONV 1: conv2d as an implicit GEMM (conv_launch.py): M = output channels, N = output pixels
+// (image, p, q), K = the filter taps (r, s) x the input channels in chunks of 64. `ta` maps the
+// weight laid out (K, R*S, C) (boxes of 64 channels x 1 tap x BM output channels: the same tile
+// as a GEMM's A), `tb` is an im2col map of the input laid out NHWC (BN output positions x 64
+// channels at one tap: the TMA forms the addresses, steps by the stride and zero-fills the
+// padding), `tc` maps the NCHW output as (P*Q, K, images). The bias is per row. A tile's pixels
+// may span images: a 64-pixel atom is stored by the TMA into the image it starts in, the rest of
+// it by the warpgroup's threads from the staging buffer. Rows of P*Q pixels not 16-byte
+// multiples: stores from registers.
+//
 // Needs -arch=sm_90a; for other targets the kernel compiles to a trap (CI builds it).
 // opruntime-arch: sm_90a
 #include "matmul_common.cuh"
@@ -34,6 +44,22 @@
 #endif
 #ifndef STORE_TMA
 #define STORE_TMA 1
+#endif
+#ifndef CONV
+#define CONV 0
+#endif
+#if CONV
+#undef B_NCONTIG
+#define B_NCONTIG 0  // the im2col tile: BN pixels x 64 channels, channels contiguous
+// The convolution as the kernel walks it (conv_launch.py fills it)
+struct ConvGemm {
+    int k, npq, pq, q;                          // M, N; P*Q, Q
+    int str_h, str_w, pad_t, pad_l, dil_h, dil_w;
+    int s, chunks, ktiles;                      // filter width; 64-channel chunks a tap; R*S*chunks
+};
+#define PARAMS ConvGemm
+#else
+#define PARAMS GemmParams
 #endif
 #define BK 64
 #define NCWG (BM / 64)            // consumer warpgroups
@@ -55,11 +81,15 @@ struct __align__(64) TensorMap {
     unsigned long long w[16];
 };
 
-// Columns n, n + 1 of two rows (accumulators a[0..1] and a[2..3]): bias and activation in fp32,
-// rounded to two 16-bit pairs (lo: the first row, hi: the row 8 below)
-__device__ __forceinline__ void finish(const float* a, int n, int N, const bits16* bias, unsigned& lo, unsigned& hi) {
+// Columns n, n + 1 of rows r, r + 8 (accumulators a[0..1] and a[2..3]): bias (per column; per
+// row for CONV) and activation in fp32, rounded to two 16-bit pairs (lo: row r, hi: row r + 8)
+__device__ __forceinline__ void finish(const float* a, int r, int n, int M, int N, const bits16* bias, unsigned& lo,
+                                       unsigned& hi) {
     float v[4] = {a[0], a[1], a[2], a[3]};
-#if BIAS
+#if BIAS && CONV
+    const float b0 = bias16(bias, r, M), b8 = bias16(bias, r + 8, M);
+    v[0] += b0; v[1] += b0; v[2] += b8; v[3] += b8;
+#elif BIAS
     const float b0 = bias16(bias, n, N), b1 = bias16(bias, n + 1, N);
     v[0] += b0; v[1] += b1; v[2] += b0; v[3] += b1;
 #endif
@@ -83,15 +113,19 @@ hgemm_tma(bits16* __restrict__ C,
           const bits16* __restrict__ bias,
 #endif
           const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
-          const __grid_constant__ TensorMap tc, const GemmParams p) {
+          const __grid_constant__ TensorMap tc, const PARAMS p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
     const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms: 1024-byte aligned stages
-    const int M = (int)p.M, N = (int)p.N, K = (int)p.K;
+#if CONV
+    const int M = p.k, N = p.npq, ktiles = p.ktiles;
+#else
+    const int M = (int)p.M, N = (int)p.N;
+    const int ktiles = ((int)p.K + BK - 1) / BK;  // >= 1: matmul.py sends K = 0 elsewhere
+#endif
     const int tid = threadIdx.x, wg = tid >> 7;
     const int tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
-    const int ktiles = (K + BK - 1) / BK;  // >= 1: matmul.py sends K = 0 elsewhere
     auto stage_a = [&](int s) { return base + s * STAGE_BYTES; };
     auto stage_b = [&](int s) { return base + s * STAGE_BYTES + A_BYTES; };
     const unsigned staging = base + STAGES * STAGE_BYTES, bars = staging + C_BYTES;
@@ -117,9 +151,24 @@ hgemm_tma(bits16* __restrict__ C,
             for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
                 int m0, n0;
                 grouped_tile_at(tile, M, N, BM, BN, m0, n0);
+#if CONV  // the tile's first output position, as the input pixel its filter window starts at
+                const int img = n0 / p.pq, pq = n0 - img * p.pq, op = pq / p.q;
+                const int h0 = op * p.str_h - p.pad_t, w0 = (pq - op * p.q) * p.str_w - p.pad_l;
+                int chunk = 0, tap = 0, tr = 0, ts = 0;  // k step kt = (tap = r * S + s) * chunks + chunk
+#endif
                 for (int kt = 0; kt < ktiles; ++kt) {
                     mbar_wait(empty(s), phase ^ 1);  // the consumers are done with this stage
                     mbar_expect_tx(full(s), STAGE_BYTES);
+#if CONV
+                    tma_load_3d(stage_a(s), &ta, chunk * BK, tap, m0, full(s));
+                    tma_load_im2col(stage_b(s), &tb, chunk * BK, w0, h0, img, (unsigned short)(ts * p.dil_w),
+                                    (unsigned short)(tr * p.dil_h), full(s));
+                    if (++chunk == p.chunks) {
+                        chunk = 0;
+                        ++tap;
+                        if (++ts == p.s) { ts = 0; ++tr; }
+                    }
+#else
                     tma_load_2d(stage_a(s), &ta, kt * BK, m0, full(s));
 #if B_NCONTIG
 #pragma unroll
@@ -127,6 +176,7 @@ hgemm_tma(bits16* __restrict__ C,
                         tma_load_2d(stage_b(s) + a * (BK * 128), &tb, n0 + a * 64, kt * BK, full(s));
 #else
                     tma_load_2d(stage_b(s), &tb, kt * BK, n0, full(s));
+#endif
 #endif
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
@@ -165,12 +215,12 @@ hgemm_tma(bits16* __restrict__ C,
             const unsigned mine = staging + cw * (64 * BN * 2);
             if (wtid == 0) bulk_wait_read<0>();  // the previous tile's stores have read the buffer
             named_bar_sync(1 + cw, 128);
-            const int r = warp * 16 + (lane >> 2);
+            const int r = warp * 16 + (lane >> 2), gr = m0 + cw * 64 + r;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int n = n0 + j * 8 + (lane & 3) * 2;
                 unsigned lo, hi;
-                finish(acc + 4 * j, n, N, BIAS_ARG, lo, hi);
+                finish(acc + 4 * j, gr, n, M, N, BIAS_ARG, lo, hi);
                 const unsigned atom = mine + (j >> 3) * (64 * 128), c = j & 7, off = (lane & 3) * 4;
                 asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(atom + r * 128 + ((c ^ (r & 7)) << 4) + off), "r"(lo));
                 asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(atom + (r + 8) * 128 + ((c ^ ((r + 8) & 7)) << 4) + off),
@@ -180,13 +230,57 @@ hgemm_tma(bits16* __restrict__ C,
             named_bar_sync(1 + cw, 128);  // ... from every thread of the warpgroup
             if (wtid == 0) {
 #pragma unroll
-                for (int a = 0; a < BN / 64; ++a) tma_store_2d(&tc, mine + a * (64 * 128), n0 + a * 64, m0 + cw * 64);
+                for (int a = 0; a < BN / 64; ++a) {
+#if CONV  // the atom's pixels in the image it starts in (the TMA drops those past its end)
+                    const int pix = n0 + a * 64, img = pix / p.pq;
+                    if (pix < N) tma_store_3d(&tc, mine + a * (64 * 128), pix - img * p.pq, m0 + cw * 64, img);
+#else
+                    tma_store_2d(&tc, mine + a * (64 * 128), n0 + a * 64, m0 + cw * 64);
+#endif
+                }
                 bulk_commit();
             }
+#if CONV
+            // An atom's pixels past the end of the image it starts in (P*Q not a multiple of 64): a
+            // box cannot start at a negative pixel (the TMA faults), so every thread copies 16-byte
+            // chunks of them, 8 pixels that never straddle two images (P*Q % 8 == 0 here)
+#pragma unroll
+            for (int a = 0; a < BN / 64; ++a) {
+                const int pix = n0 + a * 64, first = (pix / p.pq + 1) * p.pq - pix;  // pixels in its first image
+                if (first >= 64 || pix >= N) continue;
+                const unsigned atom = mine + a * (64 * 128);
+                for (int idx = wtid; idx < 64 * 8; idx += 128) {
+                    const int rr = idx >> 3, c = idx & 7, px = pix + c * 8, row = m0 + cw * 64 + rr;
+                    if (c * 8 < first || px >= N || row >= M) continue;
+                    const int img = px / p.pq;
+                    uint4 v;
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                                 : "r"(atom + rr * 128 + ((c ^ (rr & 7)) << 4)));
+                    *reinterpret_cast<uint4*>(C + ((i64)img * M + row) * p.pq + (px - img * p.pq)) = v;
+                }
+            }
+#endif
 #else
             // Epilogue from registers: accumulator i of a thread is row 16 * warp + lane / 4
             // (+8 for i % 4 >= 2) of its warpgroup's 64, column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
             const int r = m0 + cw * 64 + warp * 16 + (lane >> 2), c = n0 + (lane & 3) * 2;
+#if CONV  // y[image, r, pq]: each element on its own (the pair may straddle two images)
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int n = c + j * 8;
+                unsigned lo, hi;
+                finish(acc + 4 * j, r, n, M, N, BIAS_ARG, lo, hi);
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    if (n + u >= N) continue;
+                    const int img = (n + u) / p.pq;
+                    bits16* y = C + ((i64)img * M + r) * p.pq + (n + u - img * p.pq);
+                    if (r < M) y[0] = (bits16)(lo >> (16 * u));
+                    if (r + 8 < M) y[(i64)8 * p.pq] = (bits16)(hi >> (16 * u));
+                }
+            }
+#else
             const bool pair = (N & 1) == 0;  // 4-byte aligned pairs
             bits16* c0 = C + (i64)r * N;
             bits16* c8 = c0 + (i64)8 * N;
@@ -194,7 +288,7 @@ hgemm_tma(bits16* __restrict__ C,
             for (int j = 0; j < BN / 8; ++j) {
                 const int n = c + j * 8;
                 unsigned lo, hi;
-                finish(acc + 4 * j, n, N, BIAS_ARG, lo, hi);
+                finish(acc + 4 * j, r, n, M, N, BIAS_ARG, lo, hi);
                 if (n >= N) continue;
                 if (pair) {  // n even and N even: n + 1 < N too
                     if (r < M) *reinterpret_cast<unsigned*>(c0 + n) = lo;
@@ -204,6 +298,7 @@ hgemm_tma(bits16* __restrict__ C,
                     if (r + 8 < M) { c8[n] = (bits16)hi; if (n + 1 < N) c8[n + 1] = (bits16)(hi >> 16); }
                 }
             }
+#endif
 #endif
         }
 #if STORE_TMA

@@ -300,8 +300,8 @@ def test_softmax_poisoned_output_is_fully_written(cp, cuda):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel_name", ["igemm_simt", "igemm_mma", "winograd_f2x3", "winograd_f4x3", "depthwise",
-                                         "im2col_cublas"])
+@pytest.mark.parametrize("kernel_name", ["igemm_simt", "igemm_mma", "igemm_tma", "winograd_f2x3", "winograd_f4x3",
+                                         "depthwise", "im2col_cublas"])
 def test_conv2d_every_config(cp, cuda, kernel_name):
     rng = np.random.default_rng()
     kernel = next(k for k in conv.kernels() if k.name == f"cupy.conv2d.{kernel_name}")
@@ -335,6 +335,89 @@ def test_conv2d_every_config(cp, cuda, kernel_name):
                         err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
                         if not err <= TOLERANCE[dtype]:
                             failures.append(f"{dtype} {xs}*{ws} {attrs} bias={bias} {view} {cfg}: {err:.2e}")
+    assert ran > 0
+    assert not failures, "\n".join(failures[:20])
+
+
+#: cases of the TMA kernel (input channels a multiple of 8): partial tiles of output channels, tiles
+#: spanning images (P*Q below a tile, below a 64-pixel atom), P*Q not a multiple of 8 (stores from
+#: registers) and a multiple (TMA stores), channels below, at and past a 64-channel chunk, strides,
+#: dilation, 4-sided and large padding, even kernels, size-1 dims
+TMA_CASES = [
+    ((2, 64, 9, 11), (70, 64, 3, 3), {"padding": 1}),
+    ((3, 8, 12, 10), (16, 8, 3, 3), {"padding": 1}),
+    ((5, 16, 4, 4), (8, 16, 3, 3), {"padding": 1}),
+    ((2, 72, 7, 7), (64, 72, 1, 1), {}),
+    ((2, 32, 15, 16), (24, 32, 3, 3), {"stride": 2, "padding": 1}),
+    ((1, 16, 10, 9), (8, 16, 3, 3), {"padding": "same", "dilation": 2}),
+    ((2, 16, 9, 8), (12, 16, 4, 4), {"padding": "same"}),
+    ((1, 8, 5, 5), (8, 8, 3, 3), {"padding": 3}),
+    ((1, 24, 13, 17), (7, 24, 5, 5), {"stride": 3, "padding": 2}),
+    ((1, 8, 1, 1), (1, 8, 1, 1), {}),
+    ((4, 128, 28, 28), (136, 128, 3, 3), {"padding": 1}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", TMA_CASES + [c for c in CONV_CASES if c[0][1] % 8 == 0],
+                         ids=lambda v: str(v))
+def test_tma_im2col_box_walks_the_output_positions(xs, ws, attrs):
+    """The im2col map's bounding box, stepped by the stride, holds exactly the input pixels where
+    the output positions' filter windows start (q * stride - pad), per spatial dim."""
+    from opruntime_cupy.conv_launch import tma_corners
+
+    cv = conv.Conv(make_problem("conv2d", [np.zeros(xs, np.float16), np.zeros(ws, np.float16)], "float16",
+                                **attrs))
+    (lw, lh), (uw, uh) = tma_corners(cv)
+    assert list(range(lw, cv.w + uw, cv.str_w)) == [q * cv.str_w - cv.pad_l for q in range(cv.q)]
+    assert list(range(lh, cv.h + uh, cv.str_h)) == [p * cv.str_h - cv.pad_t for p in range(cv.p)]
+
+
+@pytest.mark.gpu
+def test_conv2d_tma_every_config_layout_and_epilogue(cp, cuda):
+    """The TMA kernel on every case, config, 16-bit dtype, bias / activation, and the input as
+    NCHW, as a channels-last view (read in place), as another strided view, and at a base off
+    16 bytes; the weight also as a channels-last view."""
+    rng = np.random.default_rng()
+    kernel = next(k for k in conv.kernels() if k.name == "cupy.conv2d.igemm_tma")
+    ran, failures = 0, []
+    for ci, (xs, ws, attrs) in enumerate(TMA_CASES):
+        for dtype in [d for d in dtypes_here(cp) if d in kernel.dtypes]:
+            npd = np_dtype(dtype)
+            xh = rng.standard_normal(xs).astype(npd)
+            wh = rng.standard_normal(ws).astype(npd)
+            bh = rng.standard_normal(ws[0]).astype(npd)
+            flat = cp.empty(xh.size + 1, xh.dtype)
+            flat[1:] = cp.asarray(xh).ravel()
+            views = {"nchw": cp.asarray(xh),
+                     "channels-last": cp.asarray(np.ascontiguousarray(xh.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2),
+                     "hw-transposed": cp.asarray(np.ascontiguousarray(xh.transpose(0, 1, 3, 2))).transpose(0, 1, 3, 2),
+                     "off 16 bytes": flat[1:].reshape(xs)}
+            w_views = {"kcrs": cp.asarray(wh),
+                       "krsc": cp.asarray(np.ascontiguousarray(wh.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)}
+            for bias, act in ((False, None), (True, None), (True, "gelu"), (False, "relu")):
+                if (bias, act) != (True, None) and ci % 3:
+                    continue  # every epilogue on a third of the cases
+                ref = OPS["conv2d"].reference(xh.astype(np.float64), wh.astype(np.float64),
+                                              bh.astype(np.float64) if bias else None, **attrs, activation=act)
+                for vname, xv in views.items():
+                    for wname, wv in w_views.items():
+                        if wname != "kcrs" and vname != "nchw":
+                            continue
+                        arrays = [xv, wv] + ([cp.asarray(bh)] if bias else [])
+                        extra = {"activation": act} if act else {}
+                        p = make_problem("conv2d", arrays, dtype, cuda, **attrs, **extra)
+                        if not kernel.supports(p):
+                            failures.append(f"refused {xs}*{ws} {attrs} {vname}: {kernel.supports(p)!r}")
+                            continue
+                        configs = kernel.candidates(p) if (vname, wname, bias, act) == ("nchw", "kcrs", True, None) \
+                            else kernel.candidates(p)[:1]
+                        for cfg in configs:
+                            out = kernel(p, cfg, *arrays)
+                            ran += 1
+                            err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
+                            if not (out.shape == p.out_shape and err <= TOLERANCE[dtype]):
+                                failures.append(f"{dtype} {xs}*{ws} {attrs} bias={bias} act={act} x {vname} "
+                                                f"w {wname} {cfg}: {err:.2e}")
     assert ran > 0
     assert not failures, "\n".join(failures[:20])
 
