@@ -338,6 +338,52 @@ def _strip_save(typingctx, acc, buf, off, stride):
     return sig, codegen
 
 
+@njit(inline="always", **OPTIONS)
+def _phase_rows(tile, at, plane, x, n, ci, y, sw, pl, wq):
+    """Row ``y`` of channel ``ci`` of image ``n`` (zero-padded: ``pl`` columns on the left, zeros
+    past the input, and a whole row of zeros outside ``0 <= y < H``) split into its ``sw``
+    phases: ``tile[at + px * plane + j] = xpad[y, sw * j + px]`` for ``j < wq``. Stride 2 reads
+    both phases in one pass over the columns every phase has (consecutive pairs: LLVM
+    deinterleaves whole vectors, where one phase alone is a gather)."""
+    h, wd = x.shape[2], x.shape[3]
+    zero = x.dtype.type(0.0)
+    for px in range(sw):
+        d = tile[at + px * plane:at + px * plane + wq]
+        for j in range(wq):
+            d[j] = zero
+    if y < 0 or y >= h:
+        return
+    src = x[n, ci, y]
+    both_lo = min(wq, (pl + sw - 1) // sw)  # the columns where every phase is in the input
+    both_hi = max(both_lo, min(wq, (wd - sw + pl) // sw + 1))
+    if sw == 2 and both_hi > both_lo:
+        # zero-based slices: indices LLVM knows are not negative (no wraparound select per value)
+        d0 = tile[at + both_lo:at + both_hi]
+        d1 = tile[at + plane + both_lo:at + plane + both_hi]
+        pairs = src[2 * both_lo - pl:2 * both_hi - pl]
+        for j in range(both_hi - both_lo):
+            d0[j] = pairs[2 * j]
+            d1[j] = pairs[2 * j + 1]
+    else:
+        both_lo = both_hi = wq
+    for px in range(sw):
+        d = tile[at + px * plane:at + px * plane + wq]
+        lo = min(wq, max(0, (pl - px + sw - 1) // sw))  # the first column in the input
+        hi = max(lo, min(wq, (wd - 1 + pl - px) // sw + 1))
+        s0 = px - pl
+        if sw == 1:  # a known stride: LLVM vectorizes it (a C-contiguous x)
+            if hi > lo:
+                part = d[lo:hi]
+                run = src[lo + s0:hi + s0]
+                for j in range(hi - lo):
+                    part[j] = run[j]
+        else:  # the columns the paired pass left
+            for j in range(lo, min(hi, both_lo)):
+                d[j] = src[sw * j + s0]
+            for j in range(max(lo, both_hi), hi):
+                d[j] = src[sw * j + s0]
+
+
 @njit(**OPTIONS)
 def direct_strips(x, wt, toff, bias, out, sh, sw, pt, pl, rows, rt, wq, groups, code, first, last):
     """Direct conv2d for few input channels per group (the 3-channel 7x7 stem), any stride,
@@ -364,7 +410,6 @@ def direct_strips(x, wt, toff, bias, out, sh, sw, pt, pl, rows, rt, wq, groups, 
     Each strip of ``STRIP_VECTORS`` vectors of wide positions and ``STRIP_CHANNELS`` channels then
     sums every tap in registers (:func:`_strip_fma`), into a buffer of the block's wide planes,
     whose kept columns are written out with the bias and activation."""
-    h, wd = x.shape[2], x.shape[3]
     o_out, ho, wo = out.shape[1], out.shape[2], out.shape[3]
     cg = x.shape[1] // groups
     og = o_out // groups
@@ -386,22 +431,8 @@ def direct_strips(x, wt, toff, bias, out, sh, sw, pt, pl, rows, rt, wq, groups, 
         for c in range(cg):
             for py in range(sh):
                 for ii in range(rt):
-                    y = sh * (oy0 + ii) + py - pt
-                    for px in range(sw):
-                        at = ((c * sh + py) * sw + px) * plane + ii * wq
-                        dst = tile[at:at + wq]
-                        lo = min(wq, max(0, (pl - px + sw - 1) // sw))  # the first column in the input
-                        hi = max(lo, min(wq, (wd - 1 + pl - px) // sw + 1))
-                        if y < 0 or y >= h:
-                            lo = hi = wq
-                        for j in range(lo):
-                            dst[j] = zero
-                        if hi > lo:
-                            src = x[n, g * cg + c, y]
-                            for j in range(lo, hi):
-                                dst[j] = src[sw * j + px - pl]
-                        for j in range(hi, wq):
-                            dst[j] = zero
+                    _phase_rows(tile, ((c * sh + py) * sw) * plane + ii * wq, plane, x, n, g * cg + c,
+                                sh * (oy0 + ii) + py - pt, sw, pl, wq)
         for kb in range(kblocks):
             wbase = (g * kblocks + kb) * taps * kc
             for q0 in range(0, cnt * wq, step):
