@@ -5,11 +5,14 @@ loop runs over single images or channels. Each ends in the same epilogue: the bi
 activation, in place.
 
 With numba (:mod:`.jit`), two direct kernels join them: ``numpy.conv2d.numba_depthwise`` (groups
-== C) and ``numpy.conv2d.numba_direct`` (a few input channels per group, e.g. a 3-channel stem).
-Each parallel task copies one image's plane(s) into a zero-padded buffer in cache and builds
-every output row from rows of taps (vectorized), bias and activation applied to the row while
-it is in cache (:mod:`._nb_conv`): one read of the input and one write of the output, where the
-NumPy depthwise path reads the input once per tap and im2col writes and reads the columns.
+== C: each parallel task copies one image's plane into a zero-padded buffer in cache and builds
+every output row from rows of taps, vectorized, bias and activation applied to the row while it
+is in cache: one read of the input and one write of the output, where the NumPy depthwise path
+reads the input once per tap and im2col writes and reads the columns) and
+``numpy.conv2d.numba_direct`` (at most :data:`DIRECT_CHANNELS` input channels per group, e.g. the
+3-channel 7x7 stem: a register-blocked direct convolution, strips of output positions by output
+channels summed over every tap in vector registers from a tile of the input's stride phases,
+:func:`._nb_conv.direct_strips`).
 
 Four GEMM kernels join them, all on numba's threads (one pool for every numba kernel: after a
 parallel region its OpenMP workers spin a while, and on 2 cores another pool's threads then wait
@@ -380,9 +383,20 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
 DIRECT_TILE_BYTES = 128 << 10
 
 
+def _strip_shape(size: int) -> tuple[int, int]:
+    """(output channels, wide positions) of a strip of ``numba_direct`` for ``size``-byte values:
+    :mod:`._nb_conv`'s, once it is loaded (AVX-512: 8 channels by 3 vectors of 64 bytes; AVX2: 4
+    by 3 of 32), else AVX-512's (the cost models run before any numba kernel is prepared)."""
+    import sys
+
+    nb = sys.modules.get(f"{__package__}._nb_conv")
+    vector, channels = (nb.VECTOR_BYTES, nb.STRIP_CHANNELS) if nb is not None else (64, 8)
+    return channels, 3 * vector // size
+
+
 def _direct_plan(problem: Problem) -> tuple[int, int, int, int, int]:
-    """(kv, rows, rt, wq, tasks) of ``numba_direct``: output channels per strip (two 64-byte
-    vectors), output rows per task (four tasks a thread where the batch gives fewer, the tile
+    """(kv, rows, rt, wq, tasks) of ``numba_direct``: output channels per strip
+    (:func:`_strip_shape`), output rows per task (four tasks a thread where the batch gives fewer, the tile
     within :data:`DIRECT_TILE_BYTES`), the tile's rows and row length per phase, the task count."""
     _, c, h, wd = problem.shapes[0]
     _, cg, kh, kw = problem.shapes[1]
@@ -391,7 +405,7 @@ def _direct_plan(problem: Problem) -> tuple[int, int, int, int, int]:
     (sh, sw), (dh, _) = problem.attrs["stride"], problem.attrs["dilation"]
     _, _, pl, pr = problem.attrs["padding"]
     size = np.dtype(compute_dtype(problem.dtype)).itemsize
-    kv = 8  # _nb_conv.STRIP_CHANNELS
+    kv = _strip_shape(size)[0]
     wq = max(1, -(-(wd + pl + pr) // sw))
     reach = dh * (kh - 1) // sh  # the phase rows a block reads past its own
     want = -(-4 * jit.threads() // max(1, n * g))
@@ -993,7 +1007,7 @@ def numba_direct_cost(problem: Problem, config: Any) -> float:
     n, _, ho, _ = problem.out_shape
     sh, sw = problem.attrs["stride"]
     size = np.dtype(compute_dtype(problem.dtype)).itemsize
-    step = 3 * 64 // size  # _nb_conv.STRIP_VECTORS vectors of 64 bytes
+    step = _strip_shape(size)[1]
     taps = cg * kh * kw
     positions = n * g * -(-ho // rows) * -(-(rows * wq) // step) * step
     flops = 2.0 * positions * -(-(o // g) // kv) * kv * max(1, taps)
