@@ -56,6 +56,8 @@ from .conv_launch import (
     pointwise,
     preparer,
     tma_corners,
+    tma_pointwise,
+    tma_tiles,
     wino_gemm,
     wino_tiles,
 )
@@ -215,11 +217,12 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
             return max(cv.flops / (f16 * eff), io / bw) + LAUNCH_S
         if kind == "tma":  # per round of tiles, as matmul.cost_tma; + the channels-last copies
             bm, bn = config["bm"], config["bn"]
-            rounds = -(-(-(-cv.k // bm) * -(-cv.npq // bn)) // sms)
+            rounds = -(-tma_tiles(cv, bm, bn) // sms)
             depth = cv.r * cv.s * -(-cv.c // CHUNK) * CHUNK
             eff, round_s = TMA_EFF[(bm, bn)]
             t = max(rounds * (2.0 * bm * bn * depth / (f16 / sms * eff) + round_s), io / bw)
-            copies = 2 * (cv.x_extent() + cv.k * cv.crs) * isz / (bw * EFFICIENCY["layout"])
+            copied = 0 if tma_pointwise(cv) else cv.x_extent() + cv.k * cv.crs  # the channels-last copies
+            copies = 2 * copied * isz / (bw * EFFICIENCY["layout"])
             return t + copies + 3 * LAUNCH_S
         if kind.startswith("winograd"):
             m = int(kind[-1])
@@ -285,5 +288,9 @@ def build_variants() -> list[tuple[str, dict]]:
                                           "STORE_TMA": store, "BF16": 0, "BIAS": 1, "ACT": 0}))
     out.append(("matmul_tma.cu", {"CONV": 1, "BM": 128, "BN": 256, "STAGES": 3, "STORE_TMA": 1, "BF16": 1,
                                   "BIAS": 0, "ACT": 2}))
+    out += [("matmul_tma.cu", {"CONV": 2, "BM": cfg["bm"], "BN": cfg["bn"], "STAGES": cfg["stages"], "STORE_TMA": 1,
+                               "BF16": 0, "BIAS": 0, "ACT": 0}) for cfg in TMA_CONFIGS]
+    out.append(("matmul_tma.cu", {"CONV": 2, "BM": 64, "BN": 256, "STAGES": 4, "STORE_TMA": 1, "BF16": 1, "BIAS": 1,
+                                  "ACT": 1}))
     out += [("layout.cu", {"ELEM": e}) for e in (2, 4, 8)]
     return out

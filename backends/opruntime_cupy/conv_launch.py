@@ -221,6 +221,21 @@ def tma_corners(cv: Conv) -> tuple[tuple[int, int], tuple[int, int]]:
     return lower, upper
 
 
+def tma_pointwise(cv: Conv) -> bool:
+    """Whether the TMA kernel runs this problem as a per-image GEMM on the input itself (``CONV 2``):
+    a 1x1, stride-1, unpadded convolution of a contiguous NCHW input whose rows of H*W pixels
+    are 16-byte multiples."""
+    return (cv.r == cv.s == 1 and cv.str_h == cv.str_w == 1 and cv.pad_t == cv.pad_l == 0 and cv.p == cv.h
+            and cv.q == cv.w and tuple(cv.sx) == c_strides((cv.n, cv.c, cv.h, cv.w)) and (cv.h * cv.w) % 8 == 0)
+
+
+def tma_tiles(cv: Conv, bm: int, bn: int) -> int:
+    """The C tiles the TMA kernel walks: per image in the pointwise mode (none spans two)."""
+    if tma_pointwise(cv):
+        return cv.n * -(-cv.k // bm) * -(-(cv.h * cv.w) // bn)
+    return -(-cv.k // bm) * -(-cv.npq // bn)
+
+
 def tma_conv_gemm(cv: Conv) -> np.void:
     """The ``ConvGemm`` block of a problem."""
     chunks = -(-cv.cg // CHUNK)
@@ -232,7 +247,8 @@ def tma_conv_gemm(cv: Conv) -> np.void:
 def _build_tma(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
     """conv2d on ``matmul_tma.cu``'s warp-specialised GEMM: the input as NHWC (copied so by
     ``layout.cu`` unless it already is), the weight as (K, R*S, C), the NCHW output written by the
-    kernel. A call's three tensor maps are one encoded map each with the call's address written in
+    kernel; a pointwise convolution (:func:`tma_pointwise`) as a GEMM per image on the NCHW input
+    itself. A call's three tensor maps are one encoded map each with the call's address written in
     (:class:`tma.TileMaps`), launched through one parameter block (:class:`compile.FastLaunch`)."""
     import ctypes
 
@@ -246,28 +262,34 @@ def _build_tma(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callab
     bm, bn, st = config["bm"], config["bn"], config["stages"]
     pq = cv.p * cv.q
     store_tma = int(pq % 8 == 0)  # the output map's rows (P*Q pixels) are 16-byte multiples
-    d = {"CONV": 1, "BM": bm, "BN": bn, "STAGES": st, "STORE_TMA": store_tma, "BF16": int(dt == "bfloat16"),
+    pointwise = tma_pointwise(cv)
+    d = {"CONV": 2 if pointwise else 1, "BM": bm, "BN": bn, "STAGES": st, "STORE_TMA": store_tma, "BF16": int(dt == "bfloat16"),
          "BIAS": int(cv.has_bias), **act_define(problem)}
     fn = cc.get_function("matmul_tma.cu", "hgemm_tma", d, dev, kernel=name, arch="90a")
     smem = tma_smem({"BM": bm, "BN": bn, "STAGES": st, "BK": CHUNK}, store_tma)
     with cupy.cuda.Device(dev):
         fn.max_dynamic_shared_size_bytes = smem
-    tiles = -(-cv.k // bm) * -(-cv.npq // bn)
+    tiles = tma_tiles(cv, bm, bn)
     grid, block = (min(tiles, problem.device.provider.sm_count),), ((bm // 64 + 1) * 128,)
     c, isz = cv.c, 2
-    # the input: used in place when channels-last already, else copied to NHWC each call
-    x_direct = channels_last(tuple(cv.sx), 0)
+    # the input: used in place when channels-last already (or pointwise), else copied to NHWC each call
+    x_direct = pointwise or channels_last(tuple(cv.sx), 0)
     sx = (cv.sx[0], cv.sx[2], cv.sx[3]) if x_direct else (cv.h * cv.w * c, cv.w * c, c)  # N, H, W steps
     to_nhwc = None if x_direct else layout.to_channels_last(isz, dev, (cv.n, c, cv.h, cv.w), tuple(cv.sx))
     ws = problem.strides[1] or c_strides(problem.shapes[1])
-    w_direct = channels_last(tuple(ws), cv.s)
+    # the weight: in place when its channels are contiguous with 16-byte steps between the rest
+    w_direct = ws[1] == 1 and ws[0] > 0 and ws[0] % 8 == 0 if pointwise else channels_last(tuple(ws), cv.s)
     sw = (ws[0], ws[3]) if w_direct else (cv.r * cv.s * c, c)  # K, tap steps
     to_krsc = None if w_direct else layout.to_channels_last(isz, dev, (cv.k, c, cv.r, cv.s), tuple(ws))
-    lower, upper = tma_corners(cv)
-    maps_w = tma.tiles(dt, (c, cv.r * cv.s, cv.k), (sw[1] * isz, sw[0] * isz), (CHUNK, 1, bm))
-    maps_x = tma.TileMaps(lambda ptr: tma.im2col_map(ptr, dt, (c, cv.w, cv.h, cv.n),
-                                                     (sx[2] * isz, sx[1] * isz, sx[0] * isz), lower, upper, CHUNK,
-                                                     bn, (1, cv.str_w, cv.str_h, 1)), f"im2col {problem}")
+    if pointwise:  # the weight as a GEMM's A (C, K); each image's X as an n-contiguous B (H*W, C)
+        maps_w = tma.tiles(dt, (c, cv.k), (sw[0] * isz,), (CHUNK, bm))
+        maps_x = tma.tiles(dt, (pq, c, cv.n), (cv.sx[1] * isz, cv.sx[0] * isz), (64, CHUNK, 1))
+    else:
+        lower, upper = tma_corners(cv)
+        maps_w = tma.tiles(dt, (c, cv.r * cv.s, cv.k), (sw[1] * isz, sw[0] * isz), (CHUNK, 1, bm))
+        maps_x = tma.TileMaps(lambda ptr: tma.im2col_map(ptr, dt, (c, cv.w, cv.h, cv.n),
+                                                         (sx[2] * isz, sx[1] * isz, sx[0] * isz), lower, upper, CHUNK,
+                                                         bn, (1, cv.str_w, cv.str_h, 1)), f"im2col {problem}")
     maps_y = tma.tiles(dt, (pq, cv.k, cv.n), (pq * isz, cv.k * pq * isz), (64, 64, 1)) if store_tma else maps_w
     params = tma_conv_gemm(cv)
     has_bias = cv.has_bias
@@ -281,7 +303,10 @@ def _build_tma(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callab
 
     def body(x: Any, w: Any, b: Any) -> Any:
         px, pw = x.data.ptr, w.data.ptr
-        if to_nhwc is not None or px & 15:
+        if pointwise and px & 15:  # a view's offset: an aligned copy (contiguous, as the plan's strides)
+            xt = x.copy()
+            px = xt.data.ptr
+        elif to_nhwc is not None or px & 15:
             xt = empty(xshape, x.dtype, f"{name} channels-last input")
             if to_nhwc is None:  # in place but off 16 bytes (a view's offset): a contiguous copy
                 xt[...] = x.transpose(0, 2, 3, 1)

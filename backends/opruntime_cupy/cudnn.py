@@ -86,7 +86,7 @@ SDPA_EFF = 0.6
 #: (the 3-channel 7x7 stem: 337 us in 16-bit, 390 us in float32)
 CONV_EFF = {"half": 0.124, "float32": 0.41}
 CONV_SMALL_C = {"half": 0.72, "float32": 0.15}
-TRANSPOSE_EFF = 0.25  # of the memory bandwidth: CuPy's copies to and from channels-last (the nhwc config)
+TRANSPOSE_EFF = 0.5  # of the memory bandwidth: layout.cu's copies to and from channels-last (the nhwc config)
 CONV_CONFIGS = ({"layout": "nhwc"}, {"layout": "nchw"})
 MEASURE_PLANS = 4  # convolution plans built and timed in prepare (cuDNN's first is often not its fastest)
 SOURCE = "cudnn graph API (nvidia-cudnn-frontend), opruntime_cupy/cudnn.py v1"
@@ -647,6 +647,12 @@ def prepare_conv(problem: Problem, config: Mapping[str, Any]) -> Callable[..., A
                           + " | ".join(errors))
     label = "cupy.conv2d.cudnn"
     y_phys = (n, p, q, k) if nhwc else out_shape
+    if nhwc:  # the layout copies (layout.cu), planned once
+        from . import layout
+
+        to_x = layout.to_channels_last(isz, dev, (n, c, hh, ww), problem.strides[0] or c_strides((n, c, hh, ww)))
+        to_w = layout.to_channels_last(isz, dev, (k, cg, r, s), problem.strides[1] or c_strides((k, cg, r, s)))
+        to_y = layout.to_channels_first(isz, dev, out_shape)
     passes = {}
     if not built[-1][1] and (has_bias or act is not None):  # the convolution alone: the epilogue in one pass
         from .linear import epilogue_pass
@@ -679,15 +685,19 @@ def prepare_conv(problem: Problem, config: Mapping[str, Any]) -> Callable[..., A
             with cupy.cuda.Device(dev):
                 return launch(x, w, b)
         if nhwc:
-            x = cupy.ascontiguousarray(words(x).transpose(0, 2, 3, 1))
-            w = cupy.ascontiguousarray(words(w).transpose(0, 2, 3, 1))
+            xt, wt = memory.empty((n, hh, ww, c), np_dt, label), memory.empty((k, r, s, cg), np_dt, label)
+            to_x(x.data.ptr, xt.data.ptr)
+            to_w(w.data.ptr, wt.data.ptr)
+            x, w = xt, wt
         else:
             x, w = like(x, x_st), like(w, w_st)
         y = memory.empty(y_phys, np_dt, label)
         bp = like(b, None).data.ptr if tb is not None else None
         runner((x.data.ptr, w.data.ptr, bp, y.data.ptr))
         if nhwc:
-            y = cupy.ascontiguousarray(words(y).transpose(0, 3, 1, 2)).view(y.dtype)
+            yt = memory.empty(out_shape, np_dt, label)
+            to_y(y.data.ptr, yt.data.ptr)
+            y = yt
         if epilogue is not None:
             epilogue(y, b)
         return y

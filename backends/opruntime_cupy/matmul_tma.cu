@@ -31,6 +31,10 @@
 // may span images: a 64-pixel atom is stored by the TMA into the image it starts in, the rest of
 // it by the warpgroup's threads from the staging buffer. Rows of P*Q pixels not 16-byte
 // multiples: stores from registers.
+// CONV 2: a 1x1, stride-1, unpadded conv2d on an NCHW input whose images are (C, H*W) matrices
+// with 16-byte rows: per image, Y = W (K x C) @ X (C x H*W), the weight through a 2-D map (a
+// GEMM's A), the image's X through a 3-D map (H*W, C, images) as an n-contiguous B, Y through a
+// 3-D map (H*W, K, images); the tiles are (image, K tile, pixel tile), none spanning two images.
 //
 // Needs -arch=sm_90a; for other targets the kernel compiles to a trap (CI builds it).
 // opruntime-arch: sm_90a
@@ -50,7 +54,7 @@
 #endif
 #if CONV
 #undef B_NCONTIG
-#define B_NCONTIG 0  // the im2col tile: BN pixels x 64 channels, channels contiguous
+#define B_NCONTIG (CONV == 2)  // 1: an image's X, pixels contiguous; 0: the im2col tile, channels contiguous
 // The convolution as the kernel walks it (conv_launch.py fills it)
 struct ConvGemm {
     int k, npq, pq, q;                          // M, N; P*Q, Q
@@ -118,14 +122,22 @@ hgemm_tma(bits16* __restrict__ C,
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
     const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms: 1024-byte aligned stages
-#if CONV
-    const int M = p.k, N = p.npq, ktiles = p.ktiles;
+#if CONV == 2  // per image: N = its pixels
+    const int M = p.k, N = p.pq, ktiles = p.ktiles, images = p.npq / p.pq;
+#elif CONV
+    const int M = p.k, N = p.npq, ktiles = p.ktiles, images = 1;
 #else
-    const int M = (int)p.M, N = (int)p.N;
+    const int M = (int)p.M, N = (int)p.N, images = 1;
     const int ktiles = ((int)p.K + BK - 1) / BK;  // >= 1: matmul.py sends K = 0 elsewhere
 #endif
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    const int per_image = ((M + BM - 1) / BM) * ((N + BN - 1) / BN), tiles = images * per_image;
+    // tile t: image t / per_image, and its C tile in grouped order
+    auto tile_at = [&](int t, int& m0, int& n0) {
+        const int img = t / per_image;
+        grouped_tile_at(t - img * per_image, M, N, BM, BN, m0, n0);
+        return img;
+    };
     auto stage_a = [&](int s) { return base + s * STAGE_BYTES; };
     auto stage_b = [&](int s) { return base + s * STAGE_BYTES + A_BYTES; };
     const unsigned staging = base + STAGES * STAGE_BYTES, bars = staging + C_BYTES;
@@ -150,8 +162,8 @@ hgemm_tma(bits16* __restrict__ C,
             int s = 0, phase = 0;
             for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
                 int m0, n0;
-                grouped_tile_at(tile, M, N, BM, BN, m0, n0);
-#if CONV  // the tile's first output position, as the input pixel its filter window starts at
+                const int timg = tile_at(tile, m0, n0);
+#if CONV == 1  // the tile's first output position, as the input pixel its filter window starts at
                 const int img = n0 / p.pq, pq = n0 - img * p.pq, op = pq / p.q;
                 const int h0 = op * p.str_h - p.pad_t, w0 = (pq - op * p.q) * p.str_w - p.pad_l;
                 int chunk = 0, tap = 0, tr = 0, ts = 0;  // k step kt = (tap = r * S + s) * chunks + chunk
@@ -159,7 +171,7 @@ hgemm_tma(bits16* __restrict__ C,
                 for (int kt = 0; kt < ktiles; ++kt) {
                     mbar_wait(empty(s), phase ^ 1);  // the consumers are done with this stage
                     mbar_expect_tx(full(s), STAGE_BYTES);
-#if CONV
+#if CONV == 1
                     tma_load_3d(stage_a(s), &ta, chunk * BK, tap, m0, full(s));
                     tma_load_im2col(stage_b(s), &tb, chunk * BK, w0, h0, img, (unsigned short)(ts * p.dil_w),
                                     (unsigned short)(tr * p.dil_h), full(s));
@@ -170,7 +182,11 @@ hgemm_tma(bits16* __restrict__ C,
                     }
 #else
                     tma_load_2d(stage_a(s), &ta, kt * BK, m0, full(s));
-#if B_NCONTIG
+#if CONV == 2
+#pragma unroll
+                    for (int a = 0; a < BN / 64; ++a)
+                        tma_load_3d(stage_b(s) + a * (BK * 128), &tb, n0 + a * 64, kt * BK, timg, full(s));
+#elif B_NCONTIG
 #pragma unroll
                     for (int a = 0; a < BN / 64; ++a)
                         tma_load_2d(stage_b(s) + a * (BK * 128), &tb, n0 + a * 64, kt * BK, full(s));
@@ -189,7 +205,7 @@ hgemm_tma(bits16* __restrict__ C,
         float acc[BN / 2];
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             int m0, n0;
-            grouped_tile_at(tile, M, N, BM, BN, m0, n0);
+            const int timg = tile_at(tile, m0, n0);
             int prev = 0;
             for (int kt = 0; kt < ktiles; ++kt) {
                 mbar_wait(full(s), phase);
@@ -231,7 +247,9 @@ hgemm_tma(bits16* __restrict__ C,
             if (wtid == 0) {
 #pragma unroll
                 for (int a = 0; a < BN / 64; ++a) {
-#if CONV  // the atom's pixels in the image it starts in (the TMA drops those past its end)
+#if CONV == 2
+                    tma_store_3d(&tc, mine + a * (64 * 128), n0 + a * 64, m0 + cw * 64, timg);
+#elif CONV  // the atom's pixels in the image it starts in (the TMA drops those past its end)
                     const int pix = n0 + a * 64, img = pix / p.pq;
                     if (pix < N) tma_store_3d(&tc, mine + a * (64 * 128), pix - img * p.pq, m0 + cw * 64, img);
 #else
@@ -240,7 +258,7 @@ hgemm_tma(bits16* __restrict__ C,
                 }
                 bulk_commit();
             }
-#if CONV
+#if CONV == 1
             // An atom's pixels past the end of the image it starts in (P*Q not a multiple of 64): a
             // box cannot start at a negative pixel (the TMA faults), so every thread copies 16-byte
             // chunks of them, 8 pixels that never straddle two images (P*Q % 8 == 0 here)
@@ -265,7 +283,7 @@ hgemm_tma(bits16* __restrict__ C,
             // Epilogue from registers: accumulator i of a thread is row 16 * warp + lane / 4
             // (+8 for i % 4 >= 2) of its warpgroup's 64, column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
             const int r = m0 + cw * 64 + warp * 16 + (lane >> 2), c = n0 + (lane & 3) * 2;
-#if CONV  // y[image, r, pq]: each element on its own (the pair may straddle two images)
+#if CONV  // y[image, r, pq]: each element on its own (CONV 1: the pair may straddle two images)
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int n = c + j * 8;
@@ -274,8 +292,8 @@ hgemm_tma(bits16* __restrict__ C,
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {
                     if (n + u >= N) continue;
-                    const int img = (n + u) / p.pq;
-                    bits16* y = C + ((i64)img * M + r) * p.pq + (n + u - img * p.pq);
+                    const int img = CONV == 2 ? timg : (n + u) / p.pq;
+                    bits16* y = C + ((i64)img * M + r) * p.pq + (CONV == 2 ? n + u : n + u - img * p.pq);
                     if (r < M) y[0] = (bits16)(lo >> (16 * u));
                     if (r + 8 < M) y[(i64)8 * p.pq] = (bits16)(hi >> (16 * u));
                 }

@@ -355,6 +355,9 @@ TMA_CASES = [
     ((1, 24, 13, 17), (7, 24, 5, 5), {"stride": 3, "padding": 2}),
     ((1, 8, 1, 1), (1, 8, 1, 1), {}),
     ((4, 128, 28, 28), (136, 128, 3, 3), {"padding": 1}),
+    ((3, 72, 8, 6), (70, 72, 1, 1), {}),  # pointwise, per image: two channel chunks, a partial K tile
+    ((2, 16, 4, 4), (8, 16, 1, 1), {}),  # pointwise, images of 16 pixels
+    ((2, 256, 28, 28), (64, 256, 1, 1), {}),  # pointwise, the bottleneck's shape
 ]
 
 
@@ -370,6 +373,29 @@ def test_tma_im2col_box_walks_the_output_positions(xs, ws, attrs):
     (lw, lh), (uw, uh) = tma_corners(cv)
     assert list(range(lw, cv.w + uw, cv.str_w)) == [q * cv.str_w - cv.pad_l for q in range(cv.q)]
     assert list(range(lh, cv.h + uh, cv.str_h)) == [p * cv.str_h - cv.pad_t for p in range(cv.p)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_layout_copies_both_ways(cp, itemsize):
+    """layout.py's channels-last copies (the word-wide 16-bit kernel on contiguous planes, the
+    generic one on any strides) and back, bit for bit, at odd sizes and views."""
+    from opruntime_cupy import layout
+
+    dt = {2: np.float16, 4: np.float32, 8: np.float64}[itemsize]
+    rng = np.random.default_rng()
+    for shape in [(2, 8, 5, 7), (3, 70, 9, 11), (1, 2, 1, 1), (2, 130, 65, 3)]:
+        host = rng.standard_normal(shape).astype(dt)
+        views = {"nchw": cp.asarray(host),
+                 "hw-transposed": cp.asarray(np.ascontiguousarray(host.transpose(0, 1, 3, 2))).transpose(0, 1, 3, 2),
+                 "channel slice": cp.asarray(np.concatenate([host, host], axis=1))[:, ::2]}
+        for name, x in views.items():
+            y = cp.empty((shape[0], shape[2], shape[3], shape[1]), x.dtype)
+            layout.to_channels_last(itemsize, 0, shape, tuple(v // itemsize for v in x.strides))(x.data.ptr, y.data.ptr)
+            assert cp.array_equal(y, x.transpose(0, 2, 3, 1)), (shape, name)
+            back = cp.empty(shape, x.dtype)
+            layout.to_channels_first(itemsize, 0, shape)(y.data.ptr, back.data.ptr)
+            assert cp.array_equal(back, x), (shape, name)
 
 
 @pytest.mark.gpu
