@@ -172,6 +172,14 @@ MMA_EFF = {(128, 64): 0.105, (128, 128): 0.10, (64, 128): 0.09, (64, 64): 0.08}
 #: took 64x128 for the fp16 stem at 220 us, where 64x64 runs 181.
 MMA_SHORT = {(128, 64): 0.67, (128, 128): 0.80, (64, 128): 0.45, (64, 64): 0.56}
 SHORT_CRS, FULL_CRS = 256, 576
+#: The SIMT tiles on the 7x7 stem (C R S = 147, stride 2, 400k output pixels): the fraction of
+#: SIMT_EFF each kept (modelled / measured, fp32, docs/data/h100-conv-tma.json), applied in full up
+#: to C R S = 160 and faded out by 256, to filters larger than 1x1 only (a 1x1 GEMM, such as
+#: Winograd's products, keeps SIMT_EFF).
+#: Without it the model took 64x128 for the fp32 stem at 349 us where 64x64 runs 318.
+SIMT_SHORT = {(64, 128, 16, 3): 0.82, (64, 128, 8, 3): 0.80, (128, 128, 8, 2): 1.26, (64, 64, 8, 8): 1.33,
+              (128, 64, 8, 4): 1.74}
+SIMT_SHORT_CRS = (160, 256)
 # gemm32 / gemm16: the 1x1 layer (32,256,56,64) through one strided-batched cuBLAS call, timed by
 # `opruntime bench --suite gpu --kernels` on an H100 (docs/data/h100-cuda-tuned-3.json): 93 us fp32
 # (35 TFLOP/s, 0.53 of the fp32 peak) and 30 us fp16 (110 TFLOP/s, 0.11 of the dense fp16 peak).
@@ -208,7 +216,11 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
         io = (cv.x_extent() + cv.k * cv.crs + math.prod(problem.out_shape)) * isz
         if kind == "simt":
             tile = (config["bm"], config["bn"])
-            eff = SIMT_EFF[(*tile, config["bk"], config["minb"])] * _fill(cv, *tile, sms)
+            key = (*tile, config["bk"], config["minb"])
+            lo, hi = SIMT_SHORT_CRS
+            # (a filter's taps over few channels; not the 1x1 GEMMs, Winograd's products among them)
+            long = 1.0 if cv.r * cv.s == 1 else min(1.0, max(0.0, (cv.crs - lo) / (hi - lo)))
+            eff = SIMT_EFF[key] * (SIMT_SHORT[key] + (1 - SIMT_SHORT[key]) * long) * _fill(cv, *tile, sms)
             return max(cv.flops / (peak * eff), io / bw) + LAUNCH_S
         if kind == "mma":
             tile = (config["bm"], config["bn"])

@@ -107,6 +107,22 @@ def test_tensor_core_conv_tiles_rank_for_short_reductions():
     assert ranked.index((64, 128)) < ranked.index((64, 64))
 
 
+def test_simt_conv_tiles_rank_for_the_stem_and_keep_winograds_gemm():
+    """The fp32 7x7 stem ranks the SIMT kernel's 64x64 tile first (H100: 318 us, 64x128 349 us);
+    Winograd's products (1x1 GEMMs of 64 channels) keep the SIMT_EFF ranking, 64x128 first (225
+    against 256 us for 64x64 on the 64-channel 3x3 layer)."""
+    simt = next(k for k in conv.kernels() if k.name == "cupy.conv2d.igemm_simt")
+    stem = make_problem("conv2d", [np.zeros((32, 3, 224, 224), np.float32), np.zeros((64, 3, 7, 7), np.float32)],
+                        "float32", stride=2, padding=3)
+    first = simt.candidates(stem)[0]
+    assert (first["bm"], first["bn"]) == (64, 64)
+    wino = next(k for k in conv.kernels() if k.name == "cupy.conv2d.winograd_f4x3")
+    layer = make_problem("conv2d", [np.zeros((32, 64, 56, 56), np.float32), np.zeros((64, 64, 3, 3), np.float32)],
+                         "float32", padding=1)
+    first = wino.candidates(layer)[0]
+    assert (first["bm"], first["bn"]) == (64, 128)
+
+
 # -- CPU: the implicit GEMM's gather, emulated --------------------------------------------------------
 
 CONV_CASES = [
