@@ -105,15 +105,21 @@ def _gemm(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, m, n, k, ab):
 def act_row(y, b, code):
     """In place on the 1-D ``y``: ``y + b``, then ReLU where ``code`` is 2 (NaN kept, as
     ``_nb_elementwise.relu``); any other code adds the bias only."""
-    n = y.shape[0]
+    act_into(y, y, b, code)
+
+
+@njit(inline="always", **OPTIONS)
+def act_into(src, dst, b, code):
+    """:func:`act_row` from the 1-D ``src`` into ``dst`` (the same length; may be ``src``)."""
+    n = dst.shape[0]
     if code == 2:
-        zero = y.dtype.type(0.0)
+        zero = dst.dtype.type(0.0)
         for j in range(n):
-            v = y[j] + b
-            y[j] = zero if v < zero else v
+            v = src[j] + b
+            dst[j] = zero if v < zero else v
     else:
         for j in range(n):
-            y[j] = y[j] + b
+            dst[j] = src[j] + b
 
 
 @njit(inline="always", **OPTIONS)
@@ -474,14 +480,7 @@ def direct_strips(x, wt, toff, bias, out, sh, sw, pt, pl, rows, rt, wq, groups, 
                 b = bias[o] if has_bias else zero
                 for yy in range(cnt):
                     row = out[n, o, oy0 + yy]
-                    src = wide[k * span + yy * wq:k * span + yy * wq + wo]
-                    if code == 2:  # ReLU, NaN kept (as act_row)
-                        for ox in range(wo):
-                            v = src[ox] + b
-                            row[ox] = zero if v < zero else v
-                    else:
-                        for ox in range(wo):
-                            row[ox] = src[ox] + b
+                    act_into(wide[k * span + yy * wq:k * span + yy * wq + wo], row, b, code)
 
 
 @njit(**OPTIONS)
