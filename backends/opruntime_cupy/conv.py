@@ -55,6 +55,7 @@ from .conv_launch import (
     int32_ok,
     pointwise,
     preparer,
+    tma_copied,
     tma_corners,
     tma_pointwise,
     tma_tiles,
@@ -233,7 +234,7 @@ def _cost(kind: str) -> Callable[[Problem, Mapping[str, Any]], float]:
             depth = cv.r * cv.s * -(-cv.c // CHUNK) * CHUNK
             eff, round_s = TMA_EFF[(bm, bn)]
             t = max(rounds * (2.0 * bm * bn * depth / (f16 / sms * eff) + round_s), io / bw)
-            copied = 0 if tma_pointwise(cv) else cv.x_extent() + cv.k * cv.crs  # the channels-last copies
+            copied = 0 if tma_pointwise(cv) else tma_copied(cv, problem)  # the channels-last copies made
             copies = 2 * copied * isz / (bw * EFFICIENCY["layout"])
             return t + copies + 3 * LAUNCH_S
         if kind.startswith("winograd"):

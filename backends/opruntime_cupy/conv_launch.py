@@ -236,6 +236,14 @@ def tma_tiles(cv: Conv, bm: int, bn: int) -> int:
     return -(-cv.k // bm) * -(-cv.npq // bn)
 
 
+def tma_copied(cv: Conv, problem: Problem) -> int:
+    """Elements the TMA kernel's call copies to channels-last first: the input unless it already
+    is (the pointwise mode reads NCHW), the weight unless it already is."""
+    ws = problem.strides[1] or c_strides(problem.shapes[1])
+    x = 0 if tma_pointwise(cv) or channels_last(tuple(cv.sx), 0) else cv.n * cv.c * cv.h * cv.w
+    return x + (0 if channels_last(tuple(ws), cv.s) else cv.k * cv.crs)
+
+
 def tma_conv_gemm(cv: Conv) -> np.void:
     """The ``ConvGemm`` block of a problem."""
     chunks = -(-cv.cg // CHUNK)

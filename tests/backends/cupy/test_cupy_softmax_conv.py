@@ -391,6 +391,53 @@ def test_tma_im2col_box_walks_the_output_positions(xs, ws, attrs):
     assert list(range(lh, cv.h + uh, cv.str_h)) == [p * cv.str_h - cv.pad_t for p in range(cv.p)]
 
 
+def _tma_problem(xs, ws, x_strides=None, w_strides=None, **attrs) -> Problem:
+    p = make_problem("conv2d", [np.zeros(xs, np.float16), np.zeros(ws, np.float16)], "float16", **attrs)
+    if x_strides or w_strides:
+        p = Problem("conv2d", p.device, p.shapes, p.dtypes, (x_strides or p.strides[0], w_strides or p.strides[1]),
+                    p.attrs, p.out_shape, p.dtype)
+    return p
+
+
+def test_tma_conv_modes_and_refusals():
+    """Which operands the TMA kernel reads in place (channels-last views with 16-byte steps), when
+    a 1x1 runs per image on the NCHW input (CONV 2), its ConvGemm block, and what it refuses (with
+    the reason explain shows)."""
+    from opruntime_cupy.conv_launch import channels_last, tma_conv_gemm, tma_pointwise, tma_tiles
+
+    assert channels_last((56 * 56 * 64, 1, 56 * 64, 64), 0)  # an NHWC array seen as NCHW
+    assert not channels_last((64 * 56 * 56, 56 * 56, 56, 1), 0)  # NCHW
+    assert not channels_last((12 * 5 * 5, 1, 5 * 12, 12), 0)  # 12 channels: 24-byte pixel steps
+    assert channels_last((9 * 64, 1, 3 * 64, 64), 3) and not channels_last((9 * 64, 1, 4 * 64, 64), 3)
+    layer = _tma_problem((32, 256, 56, 56), (64, 256, 1, 1))
+    cv = conv.Conv(layer)
+    assert tma_pointwise(cv) and tma_tiles(cv, 64, 256) == 32 * 1 * 13  # per image: 3136 pixels in 13 tiles
+    g = tma_conv_gemm(cv)
+    assert (g["k"], g["npq"], g["pq"], g["chunks"], g["ktiles"]) == (64, 32 * 3136, 3136, 4, 4)
+    assert not tma_pointwise(conv.Conv(_tma_problem((2, 16, 7, 7), (8, 16, 1, 1))))  # 49 pixels: rows off 16 bytes
+    assert not tma_pointwise(conv.Conv(_tma_problem((2, 16, 8, 8), (8, 16, 1, 1), stride=2)))
+    g = tma_conv_gemm(conv.Conv(_tma_problem((2, 72, 9, 11), (70, 72, 3, 3), padding=1, dilation=1)))
+    assert (g["chunks"], g["ktiles"], g["s"]) == (2, 18, 3)  # 72 channels: a full and a partial chunk a tap
+    tma = next(k for k in conv.kernels() if k.name == "cupy.conv2d.igemm_tma")
+    refusals = {"a grouped convolution": _tma_problem((2, 16, 8, 8), (16, 8, 3, 3), groups=2),
+                "not a multiple of 8": _tma_problem((2, 12, 8, 8), (16, 12, 3, 3)),
+                "beyond the im2col map's range": _tma_problem((1, 8, 300, 8), (8, 8, 3, 3), padding=200)}
+    for why, p in refusals.items():
+        answer = tma.supports(p)
+        assert not answer and why in answer, (why, answer)
+
+
+def test_tma_conv_cost_ranks_tiles_as_measured():
+    """The TMA conv's cost model on the stand-in H100: 64x256 first on the 64-channel 3x3 layer
+    (measured 45.2 us, the slowest config 57.2), and the channels-last copies count only where made."""
+    tma = next(k for k in conv.kernels() if k.name == "cupy.conv2d.igemm_tma")
+    layer = _tma_problem((32, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    first = tma.candidates(layer)[0]
+    assert (first["bm"], first["bn"]) == (64, 256)
+    nhwc = _tma_problem((32, 64, 56, 56), (64, 64, 3, 3), x_strides=(56 * 56 * 64, 1, 56 * 64, 64), padding=1)
+    assert tma.estimate(nhwc, first) < tma.estimate(layer, first)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("itemsize", [2, 4, 8])
 def test_layout_copies_both_ways(cp, itemsize):
