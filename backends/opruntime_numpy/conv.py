@@ -633,6 +633,34 @@ IMAGES_COLS_BYTES = 4 << 20
 #: Cache budgets (bytes) of one task's working set in ``numpy.conv2d.numba_gemm`` (its input
 #: window and its block of output): the tuner tries each, the heuristic takes the first
 NUMBA_GEMM_CONFIGS = ({"block_bytes": 1 << 20}, {"block_bytes": 512 << 10}, {"block_bytes": 2 << 20})
+#: ``numba_gemm``'s register-blocked 1x1 path (:func:`._nb_conv.pointwise_strips`, no BLAS), offered
+#: for 1x1 convs without padding: the bytes of a task's input block (C/g x positions)
+#: for 1x1 convs without padding on maps of at least :data:`STRIPS_POSITIONS` positions: the bytes of
+#: a task's input block (C/g x positions). Alone, alternating config by config, the three within
+#: 5 % of each other (64 KB first or level on every layer below)
+NUMBA_STRIPS_CONFIGS = ({"strips": 1, "block_bytes": 64 << 10}, {"strips": 1, "block_bytes": 256 << 10},
+                        {"strips": 1, "block_bytes": 1 << 20})
+#: output positions an image gives the strips at least: on ResNet-50's 1x1 layers at batch 4, alone,
+#: the strips against BLAS: 56 x 56 64 -> 256 1.44 against 1.73 ms, 256 -> 64 1.53 / 1.81, 64 -> 64
+#: 0.40 / 0.54; 28 x 28 128 -> 512 1.37 / 1.36, 512 -> 128 1.28 / 1.56; but 14 x 14 1024 -> 256 1.71 /
+#: 1.36 and 7 x 7 2048 -> 512 3.3 / 1.8 (an image's last strip is mostly padding there, 196 positions
+#: computed as 240 and 49 as 96, and the weights of a block of channels outgrow L1)
+STRIPS_POSITIONS = 512
+#: ``pointwise_strips``' multiply-adds per second (float32, both threads; float64 half), as computed
+#: (output channels rounded up to whole strips' blocks, an image's positions to whole strips),
+#: slowed by each strip's fixed work (zeroing, storing, the bias and activation: about
+#: :data:`STRIPS_FIXED` input channels' worth): fitted on the layers above and the cpu suite's 8 x 64 x
+#: 56 x 56 -> 128 (1.60 ms, BLAS 2.04), within 15 %
+STRIPS_RATE, STRIPS_FIXED = 335e9, 19
+
+
+def numba_gemm_configs(problem: Problem) -> tuple[dict[str, Any], ...]:
+    """``numba_gemm``'s configs for ``problem``: the BLAS blocks, and for a 1x1 conv without padding
+    on maps of :data:`STRIPS_POSITIONS` or more the register-blocked strips too."""
+    if is_pointwise(problem) and problem.attrs["stride"] == (1, 1) \
+            and math.prod(problem.out_shape[2:]) >= STRIPS_POSITIONS:
+        return NUMBA_GEMM_CONFIGS + NUMBA_STRIPS_CONFIGS
+    return NUMBA_GEMM_CONFIGS
 
 
 def is_unit_stride(problem: Problem) -> bool | Refusal:
@@ -657,6 +685,14 @@ def _gemm_plan(problem: Problem, config: Any) -> tuple[bool, int, int]:
     budget = (config or NUMBA_GEMM_CONFIGS[0])["block_bytes"]
     want = -(-2 * jit.threads() // max(1, n * g))  # blocks per image for two tasks a thread
     if kh == kw == 1 and not (pt or pb or pl or pr):
+        if (config or {}).get("strips"):
+            # the input block (C/g x block) in cache, in whole strips; blocks of an image even
+            cs = np.dtype(compute_dtype(problem.dtype)).itemsize
+            step = _strip_shape(cs)[1]  # positions per strip
+            blocks = max(-(-(ho * wo * cg * cs) // budget), want)
+            per = -(-(ho * wo) // blocks)
+            block = min(ho * wo, -(-per // step) * step)
+            return True, block, n * g * -(-(ho * wo) // block)
         per = max(64, budget // ((cg + og) * size))
         block = max(1, min(ho * wo, per, -(-(ho * wo) // want)))
         return True, block, n * g * -(-(ho * wo) // block)
@@ -708,13 +744,26 @@ def prepare_numba_gemm(problem: Problem, config: Any) -> Any:
     pointwise_path, block, tasks = _gemm_plan(problem, config)
     pieces = _pieces(tasks, problem)
     wp = wd + pl + pr
+    strips = pointwise_path and bool((config or {}).get("strips"))
+    if strips:  # no BLAS: the tasks spread whatever the library
+        pieces = 1 if _flops(problem) < SERIAL_FLOPS else max(1, min(tasks, jit.threads() * PIECES_PER_THREAD))
+    og = o // g
+    kc = nb.STRIP_CHANNELS
+    kblocks = -(-og // kc)
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
         out = buffers.empty(problem.out_shape, dt)
         if out.size:
-            if pointwise_path:
+            if strips:
+                xs = np.ascontiguousarray(x, dt).reshape(n, c, h * wd)
+                wt = np.zeros((g, kblocks * kc, cg), dt)
+                wt[:, :og] = np.asarray(w, dt).reshape(g, og, cg)
+                wt = np.ascontiguousarray(wt.reshape(g, kblocks, kc, cg).transpose(0, 1, 3, 2)).reshape(-1)
+                run_tasks(nb, nb.par_pointwise, nb.pointwise_strips, (xs, wt, b, out.reshape(n, o, ho * wo), g, block,
+                          fused), tasks, pieces)
+            elif pointwise_path:
                 xs = np.ascontiguousarray(x, dt).reshape(n, c, h * wd)
                 wf = np.ascontiguousarray(w, dt).reshape(-1)
                 with _blas.one_thread():
@@ -751,10 +800,21 @@ def numba_gemm_cost(problem: Problem, config: Any) -> float:
     weights at :data:`PASS_BYTES`): on ResNet-50's 1x1 layers at
     batch 4, alone, 2 MB blocks against 1 MB: 512 -> 128 on 28 x 28 1.45 against 1.65 ms,
     128 -> 512 1.33 against 1.46, 256 -> 128 on 56 x 56 3.07 against 3.25, the others level
-    or up to 5 % faster."""
+    or up to 5 % faster.
+
+    The register-blocked 1x1 path (configs ``strips``): the multiply-adds as computed at
+    :data:`STRIPS_RATE`, each strip's fixed work as :data:`STRIPS_FIXED` more input channels."""
     o, cg, kh, kw = problem.shapes[1]
     g = problem.attrs["groups"]
     pointwise_path, block, tasks = _gemm_plan(problem, config)
+    if pointwise_path and (config or {}).get("strips"):
+        n, _, ho, wo = problem.out_shape
+        size = np.dtype(compute_dtype(problem.dtype)).itemsize
+        kv, step = _strip_shape(size)
+        hw = ho * wo
+        positions = n * (hw // block * -(-block // step) + -(-(hw % block) // step)) * step
+        computed = 2.0 * g * positions * -(-(o // g) // kv) * kv * cg
+        return computed / (STRIPS_RATE * 4 / size) * (1 + STRIPS_FIXED / max(1, cg)) + 2e-5
     wd, (pl, pr), wo = problem.shapes[0][3], problem.attrs["padding"][2:], problem.out_shape[3]
     positions = block if pointwise_path else block * (wd + pl + pr)
     rate = BLOCK_GEMM_PEAK * min(1.0, o / g / 256.0) ** 0.25 * min(1.0, positions / 256.0) ** 0.25
@@ -1035,8 +1095,8 @@ def kernels() -> list[Kernel]:
                        supports=is_direct, cost=numba_direct_cost, source=src,
                        notes=jit.notes("numpy.conv2d.numba_direct")),
                 Kernel("conv2d", "numpy.conv2d.numba_gemm", "cpu", FLOATS, prepare=prepare_numba_gemm,
-                       supports=is_unit_stride, cost=numba_gemm_cost,
-                       configs=NUMBA_GEMM_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_gemm")),
+                       supports=is_unit_stride, cost=numba_gemm_cost, config_for=numba_gemm_configs,
+                       configs=NUMBA_GEMM_CONFIGS + NUMBA_STRIPS_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_gemm")),
                 Kernel("conv2d", "numpy.conv2d.numba_batch", "cpu", FLOATS, prepare=prepare_numba_batch,
                        supports=is_ungrouped, cost=numba_batch_cost,
                        configs=NUMBA_BATCH_CONFIGS, source=src, notes=jit.notes("numpy.conv2d.numba_batch")),

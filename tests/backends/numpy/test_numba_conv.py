@@ -43,6 +43,13 @@ GEMM = [
     _cv((2, 6, 10, 9), (4, 6, 3, 3), padding=1, views=("slice", "T")),  # strided operands
     _cv((1, 4, 1, 1), (3, 4, 1, 1)),  # one position
     _cv((1, 64, 7, 7), (64, 64, 3, 3), padding=1, activation="relu"),  # fewer tasks than threads x 2
+    # the register-blocked 1x1 path (configs ``strips``, _nb_conv.pointwise_strips): a partial block of
+    # output channels, positions short of one strip, whole strips and a zero-padded last one, float64,
+    # a strided input, no bias
+    _cv((2, 20, 7, 9), (13, 20, 1, 1), dtype="float64", activation="relu"),
+    _cv((2, 16, 10, 12), (8, 16, 1, 1), views=("slice", "T")),
+    _cv((2, 7, 50, 3), (17, 7, 1, 1), bias=False),
+    _cv((1, 3, 2, 5), (24, 3, 1, 1), activation="relu"),
 ]
 IM2COL = [
     _cv((2, 40, 23, 21), (32, 40, 3, 3), stride=2, padding=1, activation="relu"),  # ResNet's stride-2 3x3
