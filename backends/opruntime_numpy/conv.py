@@ -641,17 +641,21 @@ NUMBA_GEMM_CONFIGS = ({"block_bytes": 1 << 20}, {"block_bytes": 512 << 10}, {"bl
 NUMBA_STRIPS_CONFIGS = ({"strips": 1, "block_bytes": 64 << 10}, {"strips": 1, "block_bytes": 256 << 10},
                         {"strips": 1, "block_bytes": 1 << 20})
 #: output positions an image gives the strips at least: on ResNet-50's 1x1 layers at batch 4, alone,
-#: the strips against BLAS: 56 x 56 64 -> 256 1.44 against 1.73 ms, 256 -> 64 1.53 / 1.81, 64 -> 64
-#: 0.40 / 0.54; 28 x 28 128 -> 512 1.37 / 1.36, 512 -> 128 1.28 / 1.56; but 14 x 14 1024 -> 256 1.71 /
-#: 1.36 and 7 x 7 2048 -> 512 3.3 / 1.8 (an image's last strip is mostly padding there, 196 positions
-#: computed as 240 and 49 as 96, and the weights of a block of channels outgrow L1)
+#: the strips against BLAS (``numba_gemm``'s best block): 56 x 56 64 -> 256 1.31 against 1.67 ms,
+#: 256 -> 64 1.56 / 1.90, 64 -> 64 0.39 / 0.53; 28 x 28 128 -> 512 1.39 / 1.36, 512 -> 128 1.47 /
+#: 1.51; but 14 x 14 1024 -> 256 1.71 / 1.36 and 7 x 7 2048 -> 512 3.3 / 1.8 (with the bias and ReLU
+#: still a second pass, 0.1-0.3 ms of those; an image's last strip
+#: is mostly padding there, 196 positions computed as 240 and 49 as 96, and a strip's input
+#: channels outgrow L1)
 STRIPS_POSITIONS = 512
 #: ``pointwise_strips``' multiply-adds per second (float32, both threads; float64 half), as computed
 #: (output channels rounded up to whole strips' blocks, an image's positions to whole strips),
-#: slowed by each strip's fixed work (zeroing, storing, the bias and activation: about
-#: :data:`STRIPS_FIXED` input channels' worth): fitted on the layers above and the cpu suite's 8 x 64 x
-#: 56 x 56 -> 128 (1.60 ms, BLAS 2.04), within 15 %
-STRIPS_RATE, STRIPS_FIXED = 335e9, 19
+#: slowed by each strip's fixed work (zeroing, the bias and ReLU, storing: about
+#: :data:`STRIPS_FIXED` input channels' worth). Alone, with bias and ReLU, against the model: the
+#: cpu suite's 8 x 64 x 56 x 56 -> 128 1.32 / 1.36 ms (BLAS 1.80), at batch 4 on 56 x 56 64 -> 256
+#: 1.31 / 1.36, 256 -> 64 1.56 / 1.30, 64 -> 64 0.39 / 0.34, on 28 x 28 128 -> 512 1.39 / 1.38,
+#: 512 -> 128 1.47 / 1.35
+STRIPS_RATE, STRIPS_FIXED = 320e9, 4
 
 
 def numba_gemm_configs(problem: Problem) -> tuple[dict[str, Any], ...]:
@@ -761,8 +765,11 @@ def prepare_numba_gemm(problem: Problem, config: Any) -> Any:
                 wt = np.zeros((g, kblocks * kc, cg), dt)
                 wt[:, :og] = np.asarray(w, dt).reshape(g, og, cg)
                 wt = np.ascontiguousarray(wt.reshape(g, kblocks, kc, cg).transpose(0, 1, 3, 2)).reshape(-1)
-                run_tasks(nb, nb.par_pointwise, nb.pointwise_strips, (xs, wt, b, out.reshape(n, o, ho * wo), g, block,
-                          fused), tasks, pieces)
+                bt = np.zeros((g, kblocks * kc), dt)  # the bias in the weights' blocks of channels
+                if b.size:
+                    bt[:, :og] = b.reshape(g, og)
+                run_tasks(nb, nb.par_pointwise, nb.pointwise_strips, (xs, wt, bt.reshape(-1), out.reshape(n, o, ho * wo),
+                          g, block, fused), tasks, pieces)
             elif pointwise_path:
                 xs = np.ascontiguousarray(x, dt).reshape(n, c, h * wd)
                 wf = np.ascontiguousarray(w, dt).reshape(-1)
