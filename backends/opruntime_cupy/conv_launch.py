@@ -204,13 +204,15 @@ CONV_GEMM = ("k", "npq", "pq", "q", "str_h", "str_w", "pad_t", "pad_l", "dil_h",
 CHUNK = 64  # input channels a k step takes (one 128-byte swizzled row)
 
 
-def channels_last(strides: tuple[int, ...], inner: int) -> bool:
-    """Whether an NCHW / KCRS operand with these element ``strides`` is channels-last in memory as
-    the tensor maps can read it: channels contiguous, every other step a 16-byte multiple, forward;
-    ``inner``: the weight's taps, which must also fold into one step (r's = S x s's)."""
-    sn, sc, sh, sw = strides
-    ok = sc == 1 and all(v > 0 and v % 8 == 0 for v in (sn, sh, sw))
-    return ok and (inner == 0 or sh == inner * sw)
+def channels_last(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether an NCHW / KCRS operand of this shape is a contiguous channels-last array seen
+    through its strides (an NHWC array passed as ``x.transpose(0, 3, 1, 2)``), with channel rows of
+    16-byte multiples: what the tensor maps read in place. Exactly that layout, so that the copy a
+    base off 16 bytes gets (contiguous channels-last) has the strides the plan's maps were made for.
+    Dims of size 1 may have any stride."""
+    n, c, h, w = shape
+    want = (h * w * c, 1, w * c, c)
+    return c % 8 == 0 and all(d == 1 or st == wt for d, st, wt in zip(shape, strides, want))
 
 
 def tma_corners(cv: Conv) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -240,8 +242,8 @@ def tma_copied(cv: Conv, problem: Problem) -> int:
     """Elements the TMA kernel's call copies to channels-last first: the input unless it already
     is (the pointwise mode reads NCHW), the weight unless it already is."""
     ws = problem.strides[1] or c_strides(problem.shapes[1])
-    x = 0 if tma_pointwise(cv) or channels_last(tuple(cv.sx), 0) else cv.n * cv.c * cv.h * cv.w
-    return x + (0 if channels_last(tuple(ws), cv.s) else cv.k * cv.crs)
+    x = 0 if tma_pointwise(cv) or channels_last((cv.n, cv.c, cv.h, cv.w), tuple(cv.sx)) else cv.n * cv.c * cv.h * cv.w
+    return x + (0 if channels_last(problem.shapes[1], tuple(ws)) else cv.k * cv.crs)
 
 
 def tma_conv_gemm(cv: Conv) -> np.void:
@@ -281,23 +283,23 @@ def _build_tma(kind: str, problem: Problem, config: Mapping[str, Any]) -> Callab
     grid, block = (min(tiles, problem.device.provider.sm_count),), ((bm // 64 + 1) * 128,)
     c, isz = cv.c, 2
     # the input: used in place when channels-last already (or pointwise), else copied to NHWC each call
-    x_direct = pointwise or channels_last(tuple(cv.sx), 0)
-    sx = (cv.sx[0], cv.sx[2], cv.sx[3]) if x_direct else (cv.h * cv.w * c, cv.w * c, c)  # N, H, W steps
+    x_direct = pointwise or channels_last((cv.n, c, cv.h, cv.w), tuple(cv.sx))
     to_nhwc = None if x_direct else layout.to_channels_last(isz, dev, (cv.n, c, cv.h, cv.w), tuple(cv.sx))
     ws = problem.strides[1] or c_strides(problem.shapes[1])
-    # the weight: in place when its channels are contiguous with 16-byte steps between the rest
-    w_direct = ws[1] == 1 and ws[0] > 0 and ws[0] % 8 == 0 if pointwise else channels_last(tuple(ws), cv.s)
-    sw = (ws[0], ws[3]) if w_direct else (cv.r * cv.s * c, c)  # K, tap steps
+    # the weight: in place when it is channels-last already (a 1x1's KC11 weight is), else copied
+    w_direct = channels_last(problem.shapes[1], tuple(ws))
     to_krsc = None if w_direct else layout.to_channels_last(isz, dev, (cv.k, c, cv.r, cv.s), tuple(ws))
+    # every map below is of the contiguous layout: NCHW (pointwise) or channels-last
     if pointwise:  # the weight as a GEMM's A (C, K); each image's X as an n-contiguous B (H*W, C)
-        maps_w = tma.tiles(dt, (c, cv.k), (sw[0] * isz,), (CHUNK, bm))
-        maps_x = tma.tiles(dt, (pq, c, cv.n), (cv.sx[1] * isz, cv.sx[0] * isz), (64, CHUNK, 1))
+        maps_w = tma.tiles(dt, (c, cv.k), (c * isz,), (CHUNK, bm))
+        maps_x = tma.tiles(dt, (pq, c, cv.n), (pq * isz, c * pq * isz), (64, CHUNK, 1))
     else:
         lower, upper = tma_corners(cv)
-        maps_w = tma.tiles(dt, (c, cv.r * cv.s, cv.k), (sw[1] * isz, sw[0] * isz), (CHUNK, 1, bm))
+        maps_w = tma.tiles(dt, (c, cv.r * cv.s, cv.k), (c * isz, cv.r * cv.s * c * isz), (CHUNK, 1, bm))
         maps_x = tma.TileMaps(lambda ptr: tma.im2col_map(ptr, dt, (c, cv.w, cv.h, cv.n),
-                                                         (sx[2] * isz, sx[1] * isz, sx[0] * isz), lower, upper, CHUNK,
-                                                         bn, (1, cv.str_w, cv.str_h, 1)), f"im2col {problem}")
+                                                         (c * isz, cv.w * c * isz, cv.h * cv.w * c * isz), lower,
+                                                         upper, CHUNK, bn, (1, cv.str_w, cv.str_h, 1)),
+                              f"im2col {problem}")
     maps_y = tma.tiles(dt, (pq, cv.k, cv.n), (pq * isz, cv.k * pq * isz), (64, 64, 1)) if store_tma else maps_w
     params = tma_conv_gemm(cv)
     has_bias = cv.has_bias

@@ -405,10 +405,12 @@ def test_tma_conv_modes_and_refusals():
     the reason explain shows)."""
     from opruntime_cupy.conv_launch import channels_last, tma_conv_gemm, tma_pointwise, tma_tiles
 
-    assert channels_last((56 * 56 * 64, 1, 56 * 64, 64), 0)  # an NHWC array seen as NCHW
-    assert not channels_last((64 * 56 * 56, 56 * 56, 56, 1), 0)  # NCHW
-    assert not channels_last((12 * 5 * 5, 1, 5 * 12, 12), 0)  # 12 channels: 24-byte pixel steps
-    assert channels_last((9 * 64, 1, 3 * 64, 64), 3) and not channels_last((9 * 64, 1, 4 * 64, 64), 3)
+    nchw = (32, 64, 56, 56)
+    assert channels_last(nchw, (56 * 56 * 64, 1, 56 * 64, 64))  # an NHWC array seen as NCHW
+    assert not channels_last(nchw, (64 * 56 * 56, 56 * 56, 56, 1))  # NCHW
+    assert not channels_last(nchw, (56 * 56 * 128, 1, 56 * 128, 128))  # every other channel of a wider array
+    assert not channels_last((2, 12, 5, 5), (12 * 5 * 5, 1, 5 * 12, 12))  # 12 channels: 24-byte pixel steps
+    assert channels_last((64, 64, 1, 1), (64, 1, 1, 1)) and channels_last((64, 64, 1, 1), (64, 1, 99, 7))  # a 1x1 KC11
     layer = _tma_problem((32, 256, 56, 56), (64, 256, 1, 1))
     cv = conv.Conv(layer)
     assert tma_pointwise(cv) and tma_tiles(cv, 64, 256) == 32 * 1 * 13  # per image: 3136 pixels in 13 tiles
