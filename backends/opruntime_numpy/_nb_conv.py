@@ -661,37 +661,33 @@ def pointwise_strips(x, wt, bias, out, groups, nb, code, first, last):
         xbase = (n * c_in + g * cg) * hw + b0
         full = cnt // step * step
         rest = cnt - full
-        if rest:
+        if rest:  # the last partial strip's columns, zero-padded (element loops: a slice
+            # assignment compiles numba's whole broadcasting setitem, most of this loop's first use)
             for c in range(cg):
-                src = xf[xbase + c * hw + full:xbase + c * hw + cnt]
-                d = tail[c * step:(c + 1) * step]
-                for j in range(rest):
-                    d[j] = src[j]
-                for j in range(rest, step):
-                    d[j] = zero
+                for j in range(step):
+                    tail[c * step + j] = xf[xbase + c * hw + full + j] if j < rest else zero
         for kb in range(kblocks):
             wbase = (g * kblocks + kb) * cg * kc
             o0 = g * og + kb * kc
             kk = min(kc, og - kb * kc)
             obase = (n * o_out + o0) * hw + b0
             bbase = (g * kblocks + kb) * kc
-            for q in range(0, full, step):
+            # one call site each for the strip's sums and its store (each expands to every vector
+            # of the strip: fewer sites compile faster): the last partial strip reads the padded
+            # copy, and a strip short of channels or positions is stored through ``buf``
+            for q in range(0, cnt, step):
+                src, at, stride = (xf, xbase + q, hw) if q < full else (tail, 0, step)
                 acc = _strip_zero(xf)
                 for c in range(cg):
-                    _strip_fma(acc, xf, xbase + c * hw + q, wt, wbase + c * kc)
-                if kk == kc:
-                    _strip_save_act(acc, of, obase + q, hw, bias, bbase, relu)
-                else:
-                    _strip_save_act(acc, buf, 0, step, bias, bbase, relu)
+                    _strip_fma(acc, src, at + c * stride, wt, wbase + c * kc)
+                whole = kk == kc and q < full
+                dst, off, ld = (of, obase + q, hw) if whole else (buf, 0, step)
+                _strip_save_act(acc, dst, off, ld, bias, bbase, relu)
+                if not whole:
+                    m = min(step, cnt - q)
                     for k in range(kk):
-                        of[obase + k * hw + q:obase + k * hw + q + step] = buf[k * step:(k + 1) * step]
-            if rest:
-                acc = _strip_zero(xf)
-                for c in range(cg):
-                    _strip_fma(acc, tail, c * step, wt, wbase + c * kc)
-                _strip_save_act(acc, buf, 0, step, bias, bbase, relu)
-                for k in range(kk):
-                    of[obase + k * hw + full:obase + k * hw + cnt] = buf[k * step:k * step + rest]
+                        for j in range(m):
+                            of[obase + k * hw + q + j] = buf[k * step + j]
 
 
 @njit(**OPTIONS)

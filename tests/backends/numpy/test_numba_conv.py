@@ -43,13 +43,19 @@ GEMM = [
     _cv((2, 6, 10, 9), (4, 6, 3, 3), padding=1, views=("slice", "T")),  # strided operands
     _cv((1, 4, 1, 1), (3, 4, 1, 1)),  # one position
     _cv((1, 64, 7, 7), (64, 64, 3, 3), padding=1, activation="relu"),  # fewer tasks than threads x 2
-    # the register-blocked 1x1 path (configs ``strips``, _nb_conv.pointwise_strips): a partial block of
-    # output channels, positions short of one strip, whole strips and a zero-padded last one, float64,
-    # a strided input, no bias
+]
+
+#: numba_gemm's register-blocked 1x1 path (configs ``strips``, _nb_conv.pointwise_strips), run on
+#: maps of any size (its configs are offered from 512 positions): a partial block of output channels,
+#: positions short of one strip, whole strips and a zero-padded last one, several blocks of an image
+#: with a short last one, groups, float64, strided operands, no bias, a second-pass activation
+STRIPS = [c for c in GEMM if c.shapes[1][2:] == (1, 1) and not c.attrs.get("padding")] + [
     _cv((2, 20, 7, 9), (13, 20, 1, 1), dtype="float64", activation="relu"),
     _cv((2, 16, 10, 12), (8, 16, 1, 1), views=("slice", "T")),
     _cv((2, 7, 50, 3), (17, 7, 1, 1), bias=False),
     _cv((1, 3, 2, 5), (24, 3, 1, 1), activation="relu"),
+    _cv((3, 64, 37, 29), (40, 64, 1, 1), activation="relu"),  # 1073 positions: blocks of every config
+    _cv((2, 24, 13, 11), (18, 8, 1, 1), groups=3, activation="gelu_tanh"),
 ]
 IM2COL = [
     _cv((2, 40, 23, 21), (32, 40, 3, 3), stride=2, padding=1, activation="relu"),  # ResNet's stride-2 3x3
@@ -88,6 +94,29 @@ def test_numba_im2col_blocks_of_images(case, images):
 @pytest.mark.parametrize("case", GEMM, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
 def test_numba_gemm_every_branch(case):
     clean(check_kernel(registry().kernels["numpy.conv2d.numba_gemm"], CPU, cases=[case]))
+
+
+@pytest.mark.parametrize("case", STRIPS, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
+def test_numba_gemm_strips(case):
+    import dataclasses
+
+    from opruntime_numpy.conv import NUMBA_STRIPS_CONFIGS
+
+    k = registry().kernels["numpy.conv2d.numba_gemm"]
+    clean(check_kernel(dataclasses.replace(k, configs=NUMBA_STRIPS_CONFIGS, config_for=None), CPU, cases=[case]))
+
+
+def test_numba_gemm_offers_strips_on_large_maps_only():
+    from opruntime_numpy.conv import NUMBA_STRIPS_CONFIGS, STRIPS_POSITIONS
+
+    from opruntime.ops.conv import CONV2D
+
+    k = registry().kernels["numpy.conv2d.numba_gemm"]
+    for hw, offered in ((STRIPS_POSITIONS, True), (STRIPS_POSITIONS - 1, False)):
+        p = CONV2D.problem_for("cpu", [(1, 8, 1, hw), (8, 8, 1, 1)], "float32")
+        assert (NUMBA_STRIPS_CONFIGS[0] in list(k.candidates(p))) == offered
+    p = CONV2D.problem_for("cpu", [(1, 8, 32, 32), (8, 8, 3, 3)], "float32", padding=1)
+    assert not any(c.get("strips") for c in k.candidates(p))
 
 
 @pytest.mark.parametrize("case", IM2COL, ids=lambda c: f"{c.shapes[0]}x{c.shapes[1]}")
