@@ -20,8 +20,12 @@ for a core), each task's BLAS call in its own thread (scipy's OpenBLAS held to o
 :mod:`._blas`), the bias and ReLU applied to each block while it is in cache, no NumPy BLAS:
 
 * ``numpy.conv2d.numba_gemm`` (stride 1): a 1x1 conv as GEMMs reading the input's channels and
-  writing the output in place (no column buffer), any other as one GEMM per kernel tap on a
-  zero-padded block of rows, the tap's shifted window read through the GEMM's leading dimension;
+  writing the output in place (no column buffer), or (configs ``strips``, maps of 512 positions
+  and more) with no BLAS: strips of output positions by output channels summed in vector registers
+  over the input channels, the bias and ReLU added before the one store
+  (:func:`._nb_conv.pointwise_strips`: a short reduction, 64 channels, leaves BLAS packing more
+  than it computes); any other as one GEMM per kernel tap on a zero-padded block of rows, the
+  tap's shifted window read through the GEMM's leading dimension;
 * ``numpy.conv2d.numba_im2col``: per block of output rows or positions, the columns copied from
   the block's stride phases (strided convs: one contiguous copy per tap and channel) or gathered
   (stride 1, small maps), then one GEMM;
@@ -730,7 +734,10 @@ def _pieces(tasks: int, problem: Problem) -> int:
 
 def prepare_numba_gemm(problem: Problem, config: Any) -> Any:
     """The launcher of ``numpy.conv2d.numba_gemm`` (stride 1): a 1x1 conv without padding as GEMMs
-    on the input and output in place (:func:`._nb_conv.pointwise_gemm`), any other as one GEMM
+    on the input and output in place (:func:`._nb_conv.pointwise_gemm`) or, with config
+    ``strips``, register-blocked without BLAS (:func:`._nb_conv.pointwise_strips`: the weights and
+    the bias laid out in blocks of ``STRIP_CHANNELS`` output channels per call, 8192 values for
+    64 -> 128), any other as one GEMM
     per kernel tap on a padded block of rows (:func:`._nb_conv.shift_gemm`, the weights reordered
     (tap, O, C/g) once per call). Tasks split over the threads as ``numba_im2col``'s, BLAS held
     to one thread; no im2col, no NumPy BLAS (whose threads keep spinning after a call: on 2
