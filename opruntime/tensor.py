@@ -481,6 +481,12 @@ def host_array(op: str, x: Any) -> np.ndarray:
 _PLAIN = (np.ndarray, np.generic, list, tuple, int, float)
 
 
+#: classes of native device arrays that a device's provider owns as they are (CuPy, jax.Array, ...)
+#: and that say where they live (``__dlpack_device__``): the frontend's hot path takes them as
+#: operands without adopting them again (ops/base.py)
+NATIVE: set[type] = set()
+
+
 def adopt(op: str, x: Any, name: str = "x") -> Any:
     """An operand as the frontend places it: a Tensor, or host data.
 
@@ -503,6 +509,8 @@ def adopt(op: str, x: Any, name: str = "x") -> Any:
     reg = registry()
     owner = reg.device_of(x)
     if owner is not None:
+        if hasattr(x, "__dlpack_device__"):
+            NATIVE.add(x.__class__)  # the frontend's hot path keys such arrays by class and DLPack device
         return Tensor._wrap(x, owner)
     where = _dlpack_device(x)
     if where is None or where[0] in dlpack.HOST_TYPES:

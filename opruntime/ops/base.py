@@ -30,7 +30,7 @@ from ..devices import Device
 from ..errors import AttributeValueError, DeviceMismatchError, DtypeError
 from ..kernels import Attrs, Problem, c_strides, itemsize
 from ..plugins import resolve_device
-from ..tensor import Tensor, adopt, host_array, signature_id
+from ..tensor import NATIVE, Tensor, adopt, host_array, signature_id
 
 #: Computation dtypes, narrow to wide. Mixed operands promote to the widest; float16 with
 #: bfloat16 promotes to float32 (neither holds the other). Integer and bool arrays are rejected;
@@ -302,9 +302,10 @@ class Operator(abc.ABC):
     def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any, Any], ...]) -> Tensor:
         """Run the operator on ``inputs`` with attributes ``attrs`` ((name, value, type) triples).
 
-        The hot path (no ``device=``, every operand a Tensor or a NumPy array, a plan cached) builds
-        the key from each Tensor's kept signature id and calls the plan; anything else places the
-        operands, validates and plans (once per distinct call)."""
+        The hot path (no ``device=``, every operand a Tensor, a NumPy array or a device's native
+        array of a class adopted before, a plan cached) builds the key from each Tensor's kept
+        signature id (an array's class, DLPack device, shape, dtype and strides) and calls the plan;
+        anything else places the operands, validates and plans (once per distinct call)."""
         s = settings()
         fast_key = None
         if device is None:
@@ -332,6 +333,9 @@ class Operator(abc.ABC):
                     datas.append(x._data)
                 elif cls is np.ndarray and x.dtype.isnative and _placement() is None:
                     key.append((None, x.shape, x.dtype, x.strides))  # host data: placed by the plan
+                    datas.append(x)
+                elif cls in NATIVE:  # a device's own array (adopted once): where it lives, its layout
+                    key.append((cls, x.__dlpack_device__(), x.shape, x.dtype, getattr(x, "strides", None)))
                     datas.append(x)
                 else:
                     break

@@ -304,3 +304,28 @@ def test_a_torch_cuda_tensor_with_device_cpu_asked_is_a_mismatch():
     _cuda()
     with pytest.raises(opr.errors.DeviceMismatchError, match="never copies between devices silently"):
         opr.relu(torch.ones(3, device="cuda:0"), device="cpu")
+
+
+def test_native_arrays_of_a_device_take_the_hot_path_after_their_first_call(monkeypatch):
+    """A device's own array (here a jax.Array on jax:cpu) is adopted on the first call; once its
+    class is known, the next call of a shape keys the plan by class, device, shape, dtype and
+    strides, and later calls find it without placing the arrays again, with the same results;
+    another shape plans anew."""
+    jnp = pytest.importorskip("jax.numpy")
+    from opruntime.ops import base
+
+    a, b = jnp.arange(12.0, dtype=jnp.float32).reshape(3, 4), jnp.ones((3, 4), jnp.float32)
+    first = opr.add(a, b)  # adopts: the class becomes known
+    assert first.device.name.startswith("jax")
+    opr.add(a, b)  # keys the plan for the hot path
+
+    def no_placing(*args, **kwargs):
+        raise AssertionError("placed again")
+
+    monkeypatch.setattr(base, "place", no_placing)
+    again = opr.add(b, a)
+    assert np.array_equal(np.asarray(again.numpy()), np.arange(12.0).reshape(3, 4) + 1)
+    with pytest.raises(AssertionError, match="placed again"):
+        opr.add(a[:2], b[:2])  # another shape: planned (and placed) anew
+    monkeypatch.undo()
+    assert np.array_equal(np.asarray(opr.add(a[:2], b[:2]).numpy()), np.asarray(a[:2] + b[:2]))
