@@ -638,7 +638,6 @@ IMAGES_COLS_BYTES = 4 << 20
 #: window and its block of output): the tuner tries each, the heuristic takes the first
 NUMBA_GEMM_CONFIGS = ({"block_bytes": 1 << 20}, {"block_bytes": 512 << 10}, {"block_bytes": 2 << 20})
 #: ``numba_gemm``'s register-blocked 1x1 path (:func:`._nb_conv.pointwise_strips`, no BLAS), offered
-#: for 1x1 convs without padding: the bytes of a task's input block (C/g x positions)
 #: for 1x1 convs without padding on maps of at least :data:`STRIPS_POSITIONS` positions: the bytes of
 #: a task's input block (C/g x positions). Alone, alternating config by config, the three within
 #: 5 % of each other (64 KB first or level on every layer below)
@@ -648,9 +647,8 @@ NUMBA_STRIPS_CONFIGS = ({"strips": 1, "block_bytes": 64 << 10}, {"strips": 1, "b
 #: the strips against BLAS (``numba_gemm``'s best block): 56 x 56 64 -> 256 1.31 against 1.67 ms,
 #: 256 -> 64 1.56 / 1.90, 64 -> 64 0.39 / 0.53; 28 x 28 128 -> 512 1.39 / 1.36, 512 -> 128 1.47 /
 #: 1.51; but 14 x 14 1024 -> 256 1.71 / 1.36 and 7 x 7 2048 -> 512 3.3 / 1.8 (with the bias and ReLU
-#: still a second pass, 0.1-0.3 ms of those; an image's last strip
-#: is mostly padding there, 196 positions computed as 240 and 49 as 96, and a strip's input
-#: channels outgrow L1)
+#: still a second pass, 0.1-0.3 ms of those; an image's last strip is mostly padding there, 196
+#: positions computed as 240 and 49 as 96, and a strip's input channels outgrow L1)
 STRIPS_POSITIONS = 512
 #: ``pointwise_strips``' multiply-adds per second (float32, both threads; float64 half), as computed
 #: (output channels rounded up to whole strips' blocks, an image's positions to whole strips),
