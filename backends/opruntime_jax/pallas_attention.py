@@ -62,7 +62,8 @@ CPU_MAX_SCORES = 1 << 22
 
 
 def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any, scale: float, causal: bool, mask: str | None,
-            S: int, nq: int, bq: int, bk: int, mask_rows: bool, mask_cols: bool, precision: Any) -> None:
+            S: int, nq: int, bq: int, bk: int, mask_rows: bool, mask_cols: bool, precision: Any,
+            interpreted: bool = False) -> None:
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -76,13 +77,23 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any, scale: float, causal
     nk = -(-S // bk)
     q = q_ref[...]
     qk_scale = scale * LOG2E
+    if interpreted:
+        # XLA on the CPU recomputes an elementwise ``s * scale`` inside each consumer's fusion and
+        # contracts it into an FMA in one of them: the row max and the exponent's argument then
+        # differed by an ulp (a one-key softmax gave 1 - 2^-24). The scale goes into q, so s is the
+        # product's own result, computed once.
+        q = q.astype(f32) * qk_scale
 
     def step(j: Any, carry: tuple[Any, Any, Any], edge: bool) -> tuple[Any, Any, Any]:
         m, lsum, acc = carry
         start = pl.multiple_of(j * bk, bk)
         k = k_ref[pl.ds(start, bk), :]
-        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=f32)
-        s = s * qk_scale
+        if interpreted:
+            s = lax.dot_general(q, k.astype(f32), (((1,), (1,)), ((), ())), precision=precision,
+                                preferred_element_type=f32)
+        else:
+            s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=f32)
+            s = s * qk_scale
         if m_ref is not None:
             mk = m_ref[:, pl.ds(start, bk)] if mask_cols else m_ref[...]
             if mask == "bool":
@@ -235,7 +246,7 @@ def build(problem: Problem, config: Mapping[str, Any]) -> Any:
                                      lambda i, b, h: (*m_at(b, h), qblock(i) if mask_rows else 0, 0)))
     kernel = functools.partial(_kernel, scale=scale, causal=causal, mask=mask, S=S, nq=nq, bq=bq, bk=bk,
                                mask_rows=mask_rows, mask_cols=mask_cols,
-                               precision=matmul_precision(problem.dtype))
+                               precision=matmul_precision(problem.dtype), interpreted=platform(problem) == "cpu")
     call = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((B, H, lp, evp), dtype),
