@@ -170,7 +170,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
     except Exception as exc:
         res.error = f"{type(exc).__name__}: {exc}"
         return res
-    for name, timed in peer_libraries.contenders(op, case, host, device, datas[0], peers).items():
+    for name, timed in peer_libraries.contenders(op, case, host, device, datas[0], peers, res.bytes).items():
         contenders[f"peer:{name}"] = timed
     samples, errors = measure_rounds(contenders, max(repeats, KERNEL_ROUNDS) if kernels else repeats,
                                      idle=prov.synchronize)

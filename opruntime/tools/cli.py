@@ -37,7 +37,7 @@ from opruntime.plugins import registry
 
 from . import bench, models, output, plot
 from .output import seconds
-from .peers import LIBRARIES
+from .peers import COPY, LIBRARIES
 from .progress import Progress
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
@@ -82,9 +82,10 @@ def _peers(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
     if value == "none":
         return []
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in LIBRARIES]
+    known = [*LIBRARIES, COPY]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}; peers: {', '.join(LIBRARIES)}, or none",
+        raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}; peers: {', '.join(known)}, or none",
                                  ctx, param)
     return names
 
@@ -230,7 +231,9 @@ def _setting(value: Any) -> str:
 @click.option("--kernels", is_flag=True, help="also time every candidate kernel directly (61 rounds at least)")
 @click.option("--quick", is_flag=True, help=f"with --suite {models.SUITE}: small models (a check that it runs)")
 @click.option("--peers", callback=_peers, metavar="LIST",
-              help=f"comma-separated peers to time ({', '.join(LIBRARIES)}), or none  [default: all installed]")
+              help=f"comma-separated peers to time ({', '.join(LIBRARIES)}; {COPY}: the device copying the bytes "
+                   "a memory-bound operator moves, its ratio the fraction of the copy bandwidth reached), or none  "
+                   "[default: all installed]")
 @click.option("--plot", "plot_path", metavar="PATH", type=click.Path(dir_okay=False),
               help="also draw bars per operator and a roofline per device (png, svg or pdf; needs matplotlib)")
 @json_options

@@ -16,7 +16,15 @@ name        the operator's      where it runs
 ``triton``  ``peers["triton"]`` a CUDA device, on torch tensors
 ``jax``     ``peers["jax"]``    the JAX device where the data lives, ``jax.jit`` of it
 ``onnx``    ``peers["onnx"]``   the host CPU: one ONNX node (or a chain) run by onnxruntime
+``copy``    (none: a baseline)  the host CPU (NumPy) or a CUDA device (CuPy): a copy of
+                                half the case's bytes, so that it reads and writes as
+                                many bytes as the operator; memory-bound operators only
 ==========  ==================  ========================================================
+
+``copy`` is no library but the roofline of a memory-bound operator: its ratio (copy time /
+opruntime's time) is the fraction of the device's copy bandwidth that opruntime's call reaches,
+the yardstick the issues' bandwidth targets name ("≥ 0.8x the machine's stream bandwidth,
+measured with a NumPy copy").
 
 Where the data lives comes from the device's provider (:func:`where`): the DLPack device of one
 operand (``DeviceProvider.dlpack_device``) and whether the device is an accelerator.
@@ -224,6 +232,28 @@ def _onnx(peer: Callable[..., Any], host: Sequence[np.ndarray], case: Case, at: 
     return functools.partial(session.run, None, feeds), _no_sync
 
 
+#: the copy baseline's name (see the module's docstring)
+COPY = "copy"
+
+
+def _copy(nbytes: float, at: Where) -> Timed | None:
+    """A copy of ``nbytes / 2`` bytes where the data lives (``nbytes``: what the operator reads and
+    writes once): NumPy's ``copyto`` on the host, a device-to-device ``cudaMemcpyAsync`` on a CUDA
+    device; ``None`` elsewhere (a JAX device has no plain copy to time)."""
+    n = max(int(nbytes) // 2, 1)
+    if at.host:
+        src, dst = np.ones(n, np.uint8), np.empty(n, np.uint8)
+        return functools.partial(np.copyto, dst, src), _no_sync
+    if at.cuda is None or not _installed("cupy"):
+        return None
+    import cupy
+
+    dev = cupy.cuda.Device(at.cuda)
+    with dev:
+        src, dst = cupy.ones(n, cupy.uint8), cupy.empty(n, cupy.uint8)
+    return functools.partial(dst.data.copy_from_device_async, src.data, n), dev.synchronize
+
+
 def op_result_shape(case: Case, xs: Sequence[np.ndarray]) -> list[int]:
     """The result's shape, as the operator infers it (the ONNX checker wants the output's)."""
     return list(OPS[case.op].normalize([x.shape for x in xs], dict(case.attrs)).result_shape)
@@ -244,12 +274,17 @@ LIBRARIES: Mapping[str, tuple[str, Runner]] = {
 
 
 def contenders(op: Operator, case: Case, host: Sequence[np.ndarray], device: Device, sample: Any,
-               wanted: Sequence[str] | None = None) -> dict[str, Timed]:
+               wanted: Sequence[str] | None = None, nbytes: float = 0.0) -> dict[str, Timed]:
     """The peers of ``op`` that run ``case`` where ``device`` keeps its data (``sample``: one of
     its operands there), as ``name -> (call, sync)`` on operands of their own made from ``host``
-    (float32 host data for a bfloat16 case); ``wanted`` limits the libraries."""
+    (float32 host data for a bfloat16 case); ``wanted`` limits the libraries. A memory-bound
+    operator also gets the ``copy`` baseline of its ``nbytes``."""
     at = where(device, sample)
     out: dict[str, Timed] = {}
+    if nbytes > 0 and op.bound == "memory" and (wanted is None or COPY in wanted):
+        copy = _copy(nbytes, at)
+        if copy is not None:
+            out[COPY] = copy
     for lib, (peer_name, run) in LIBRARIES.items():
         peer = op.peers.get(peer_name)
         if peer is None or (wanted is not None and lib not in wanted):

@@ -376,6 +376,21 @@ def test_peers_come_from_the_operator(capsys: pytest.CaptureFixture[str]):
     assert peers.contenders(op, case, host, opr.Device("cpu"), host[0], wanted=[]) == {}
 
 
+def test_copy_baseline_moves_the_bytes_of_memory_bound_operators_only():
+    cpu = opr.Device("cpu")
+    sm = bench.run_case(Case(((64, 256),), {"axis": -1}, op="softmax"), cpu, repeats=3, peers=["copy"])
+    mm = bench.run_case(Case(((16, 8), (8, 4)), op="matmul"), cpu, repeats=3, peers=["copy"])
+    assert not sm.error and set(sm.peers) == {"copy"} and sm.peer_ratios["copy"] > 0
+    assert not mm.error and not mm.peers  # compute-bound: no copy to measure it against
+    call, sync = peers._copy(sm.bytes, peers.Where(True))
+    dst, src = call.args
+    assert dst.nbytes == src.nbytes == sm.bytes // 2  # reads and writes the operator's bytes in all
+    call()
+    sync()
+    assert (dst == 1).all()
+    assert peers._copy(100, peers.Where(False)) is None  # neither the host nor a CUDA device: no copy to time
+
+
 def test_peers_run_where_the_provider_says_the_data_lives():
     def device(dlpack, accelerator=False):
         def dlpack_device(data):

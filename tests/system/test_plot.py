@@ -122,6 +122,15 @@ def test_summary_table_names_the_fastest_peer(tmp_path: Path) -> None:
     assert rows[1].endswith("| 200.0 µs | PyTorch | 0.80× |")
 
 
+def test_summary_table_takes_the_copy_for_a_yardstick_not_a_peer(tmp_path: Path) -> None:
+    r = _conv("cpu", torch=0.8, jax=1.7)
+    r.peer_ratios["copy"] = 0.3  # 30% of the copy bandwidth: the smallest ratio, but no library
+    src = plot.load_source(_bench_file(tmp_path, [r]))
+    chart = plot.Chart("conv2d", "conv2d", ("conv2d",), (src,), ({"device": "cpu"},))
+    page = plot.Page(tmp_path / "current.json", tmp_path / "perf.md", tmp_path / "img", (chart,), {})
+    assert plot.summary_table(page).splitlines()[2].endswith("| PyTorch | 0.80× |")
+
+
 def test_summary_table_headline_must_name_one_result(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="matches 2 results"):
         plot.summary_table(_page(tmp_path, [{"op": "conv2d"}]))
