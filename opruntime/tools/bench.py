@@ -135,9 +135,11 @@ def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
     return [Tensor._wrap(draw(shape, dtype, seed + i), device) for i, shape in enumerate(case.shapes)]
 
 
-def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = False,
+def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool | Sequence[str] = False,
              peers: Sequence[str] | None = None) -> Result:
-    """Benchmark one case on one device; ``peers`` limits the peer libraries (default: all)."""
+    """Benchmark one case on one device; ``peers`` limits the peer libraries (default: all).
+    ``kernels``: also time the candidates directly, every one (``True``) or those whose label
+    contains one of these strings (the chosen kernel is always timed)."""
     op = OPS[case.op]
     rng, dtype = np.random.default_rng(0), np_dtype(case.dtype)
     host = op.sample([host_normal(rng, s, dtype) for s in case.shapes], case)  # the peers and the reference get these
@@ -165,6 +167,8 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool = F
         views = [d.reshape(s) for d, s in zip(datas, plan.views)]
         res.kernel = plan.order[0].label if plan.order else "(trivial)"
         for i, c in enumerate(plan.order if kernels else plan.order[:1]):
+            if i and not (kernels is True or any(k in c.label for k in kernels)):
+                continue
             contenders["direct" if i == 0 else f"kernel:{c.label}"] = (_direct(c, problem, views, last), wait_last)
         res.flops, res.bytes = op.flops(problem), op.bytes(problem)
     except Exception as exc:

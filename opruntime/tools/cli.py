@@ -229,6 +229,9 @@ def _setting(value: Any) -> str:
 @case_options(sorted([*bench.SUITES, models.SUITE]))
 @click.option("--repeats", type=click.IntRange(min=1), default=15, help="timed rounds per case")
 @click.option("--kernels", is_flag=True, help="also time every candidate kernel directly (61 rounds at least)")
+@click.option("--only", "only_kernels", metavar="LIST",
+              help="with --kernels: time only the candidates whose label contains one of these comma-separated "
+                   "strings (the chosen kernel is always timed), e.g. --only flash_wgmma,cudnn")
 @click.option("--quick", is_flag=True, help=f"with --suite {models.SUITE}: small models (a check that it runs)")
 @click.option("--peers", callback=_peers, metavar="LIST",
               help=f"comma-separated peers to time ({', '.join(LIBRARIES)}; {COPY}: the device copying the bytes "
@@ -238,8 +241,8 @@ def _setting(value: Any) -> str:
               help="also draw bars per operator and a roofline per device (png, svg or pdf; needs matplotlib)")
 @json_options
 def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple, devices: tuple[str, ...],
-                  suite: str, repeats: int, kernels: bool, quick: bool, peers: list[str] | None,
-                  plot_path: str | None, as_json: bool, output_path: str | None) -> None:
+                  suite: str, repeats: int, kernels: bool, only_kernels: str | None, quick: bool,
+                  peers: list[str] | None, plot_path: str | None, as_json: bool, output_path: str | None) -> None:
     """Time operators, each candidate kernel and the peers on the same inputs.
 
     Each time is the median of --repeats rounds, with its p10-p90 spread; a noisy figure is
@@ -249,10 +252,13 @@ def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple,
     Examples:
       opruntime bench                                  # the demo suite on the default device
       opruntime bench matmul --shape 1024x1024,1024x1024 --kernels
+      opruntime bench --suite attention --device cuda:0 --kernels --only flash_wgmma,cudnn
       opruntime bench conv2d --shape 8x64x56x56,64x64x3x3 --attr padding=1 --device cpu
       opruntime bench softmax --shape 4096x4096 --peers numpy,torch --json > softmax.json
       opruntime bench --suite gpu --device cuda:0 -o gpu.json --plot gpu.svg
     """
+    if only_kernels and not kernels:
+        raise click.UsageError("--only picks among the candidates that --kernels times: add --kernels")
     if plot_path:
         plot.require_matplotlib()  # before the benchmark, not after it
     targets = _devices(devices)
@@ -266,7 +272,8 @@ def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple,
         with Progress(len(cases) * len(targets), "bench") as progress:
             for i, (dev, case) in enumerate((d, c) for d in targets for c in cases):
                 progress.update(i, f"{case.op} {case.label} {case.dtype} on {dev.name}")
-                results.append(bench.run_case(case, dev, repeats=repeats, kernels=kernels, peers=peers))
+                timed = [k.strip() for k in only_kernels.split(",") if k.strip()] if only_kernels else kernels
+                results.append(bench.run_case(case, dev, repeats=repeats, kernels=timed, peers=peers))
     roofs: dict[str, dict] = {}
     if plot_path:
         with Progress(len(targets), "roofline") as progress:

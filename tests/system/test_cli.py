@@ -95,6 +95,7 @@ def test_every_option_has_help_and_every_command_an_example(capsys: pytest.Captu
     (["bench", "softmax", "--shape", "8xq"], "bad shape '8xq'"),
     (["bench", "matmul", "--suite", "attention"], "no case of matmul: give --shape"),
     (["bench", "softmax", "--shape", "8x16", "--peers", "nope"], "unknown peer(s) nope"),
+    (["bench", "softmax", "--shape", "8x16", "--only", "numba"], "--only picks among the candidates"),
     (["tune", "softmax", "--shape", "3x3,3x3"], "softmax takes x: give 1 to 1"),
     (["tune", "softmax", "--shape", "3x3", "--budget", "0"], "--budget"),
     (["explain", "softmax", "--shape", "3x4", "--device", "nowhere:0"], "UnknownDeviceError"),
@@ -389,6 +390,17 @@ def test_copy_baseline_moves_the_bytes_of_memory_bound_operators_only():
     sync()
     assert (dst == 1).all()
     assert peers._copy(100, peers.Where(False)) is None  # neither the host nor a CUDA device: no copy to time
+
+
+def test_kernels_only_times_the_candidates_named():
+    cpu, case = opr.Device("cpu"), Case(((1, 4, 9, 9), (4, 4, 3, 3)), {"padding": 1}, op="conv2d")
+    host = [np.ones(s, np.float32) for s in case.shapes]
+    order = [c.label for c in OPS["conv2d"].plan(host, cpu, dict(case.attrs), settings()).order]
+    other = next(k for k in order[1:] if "numba" not in k)  # (nothing to compile)
+    some = bench.run_case(case, cpu, repeats=3, kernels=[other], peers=[])
+    assert not some.error and some.kernel == order[0]
+    assert set(some.candidates) == {order[0], other}  # the chosen kernel always, then the one named
+    assert len(order) > 2  # so that some were left out
 
 
 def test_peers_run_where_the_provider_says_the_data_lives():
