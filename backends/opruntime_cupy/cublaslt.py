@@ -137,6 +137,8 @@ class GemmNT:
         self._stream = cupy.cuda.get_current_stream
         scalar = np.float64 if dtype == "float64" else np.float32
         self._alpha, self._beta = np.ones(1, scalar), np.zeros(1, scalar)  # host scalars, kept alive
+        # their addresses read once: ndarray.ctypes builds an object per read (1-2 us of a call's host time)
+        self._alpha_p, self._beta_p = self._alpha.ctypes.data, self._beta.ctypes.data
         # A = w read as (n, k); B = x.T as (k, m); D = y.T (n, m), column-major, ld n
         wa = _operand(n, k, w_strides)  # w row-major (n, k) is column-major (k, n): op T gives (n, k)
         xb = _operand(m, k, x_strides)  # x row-major (m, k) is column-major (k, m): op N gives (k, m)
@@ -155,16 +157,19 @@ class GemmNT:
         _set(setd, self._desc, A.EPILOGUE, dt, getattr(lt.Epilogue, EPILOGUE[(activation, bias)]))
         self._bias_attr = A.BIAS_POINTER
         self._bias_buf = np.zeros(1, dt(A.BIAS_POINTER))
+        self._bias_p = self._bias_buf.ctypes.data
         # column-major layouts: A stored (k, n) for op T or (n, k) for op N, B (k, m) or (m, k), D (n, m)
         self._a = lt.matrix_layout_create(t, *((k, n) if op_a == OP_T else (n, k)), wa[1])
         self._b = lt.matrix_layout_create(t, *((k, m) if op_b == OP_N else (m, k)), xb[1])
         self._d = lt.matrix_layout_create(t, n, m, n)
-        self._algos: dict[int, Any] = {}
+        self._algos: dict[int, int] = {}  # alignment -> the algorithm's address (its result held below)
+        self._results: list[Any] = []
         self._lock = threading.Lock()
         self.algorithm(256)  # the common case planned now: a failure shows at prepare, not at a call
 
-    def algorithm(self, align: int) -> Any:
-        """The heuristic's first algorithm for operands aligned to ``align`` bytes (cached)."""
+    def algorithm(self, align: int) -> int:
+        """The address of the heuristic's first algorithm for operands aligned to ``align`` bytes
+        (cached)."""
         algo = self._algos.get(align)
         if algo is not None:
             return algo
@@ -185,8 +190,9 @@ class GemmNT:
             lt.matmul_preference_destroy(pref)
         if not count[0]:
             raise lt.cuBLASLtError(15)  # CUBLAS_STATUS_NOT_SUPPORTED: no algorithm for this alignment
-        self._algos[align] = results
-        return results
+        self._results.append(results)  # held: the address below points into it
+        self._algos[align] = ptr = int(results.ptr)
+        return ptr
 
     def __call__(self, x: Any, w: Any, bias: Any, y: Any) -> None:
         xp, wp, yp = x.data.ptr, w.data.ptr, y.data.ptr
@@ -197,11 +203,11 @@ class GemmNT:
         stream = self._stream().ptr
         ws = st.workspace(stream)
         with self._lock:  # the bias pointer lives in the shared descriptor until the launch is queued
-            if bias is not None:
+            if bias is not None and bias.data.ptr != self._bias_buf[0]:  # a model's layer: the same bias each call
                 self._bias_buf[0] = bias.data.ptr
-                self._lt.matmul_desc_set_attribute(self._desc, self._bias_attr, self._bias_buf.ctypes.data, 8)
-            self._lt.matmul(st.handle, self._desc, self._alpha.ctypes.data, wp, self._a, xp, self._b,
-                            self._beta.ctypes.data, yp, self._d, yp, self._d, algo.ptr, ws, WORKSPACE_BYTES,
+                self._lt.matmul_desc_set_attribute(self._desc, self._bias_attr, self._bias_p, 8)
+            self._lt.matmul(st.handle, self._desc, self._alpha_p, wp, self._a, xp, self._b,
+                            self._beta_p, yp, self._d, yp, self._d, algo, ws, WORKSPACE_BYTES,
                             stream)
 
     def __del__(self) -> None:
