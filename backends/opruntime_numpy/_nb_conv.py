@@ -67,6 +67,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.linalg import ensure_blas
 
+from . import _nb_math
+
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 
 #: activation codes the loops apply themselves (``_nb_elementwise.CODES``: none, relu); the
@@ -270,25 +272,8 @@ def depthwise_rows(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code, first,
 
 # -- the register-blocked direct convolution (numba_direct) ---------------------------------------
 
-def _vector_bytes() -> int:
-    """64 where numba compiles for AVX-512 (32 vector registers), else 32 (AVX2: 16 registers):
-    the target's features as numba sets them (``NUMBA_CPU_FEATURES``, :func:`.jit._wide_vectors`),
-    else the host's."""
-    try:
-        import numba
-
-        features = numba.config.CPU_FEATURES
-        if features:
-            return 64 if "+avx512f" in features.split(",") else 32
-        import llvmlite.binding as ll
-
-        return 64 if ll.get_host_cpu_features().get("avx512f") else 32
-    except Exception:  # another layout: the narrower vectors, correct everywhere
-        return 32
-
-
-#: bytes of one vector of :func:`direct_strips`'s strips (:func:`_vector_bytes`)
-VECTOR_BYTES = _vector_bytes()
+#: bytes of one vector of :func:`direct_strips`'s strips (:data:`._nb_math.VECTOR_BYTES`)
+VECTOR_BYTES = _nb_math.VECTOR_BYTES
 #: one strip of :func:`direct_strips`: ``STRIP_VECTORS`` vectors of consecutive output positions
 #: (16 float32 or 8 float64 with AVX-512) times ``STRIP_CHANNELS`` output channels: with AVX-512,
 #: 24 accumulators of the 32 vector registers (per tap 3 vector loads of the input and 8

@@ -18,7 +18,27 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ._nb_math import F32, erf32, erfc64, exp32_fast, exp64, fma, tanh32, tanh64
+from ._nb_math import (
+    F32,
+    VECTOR_BYTES,
+    erf32,
+    erfc64,
+    exp32_fast,
+    exp64,
+    fma,
+    stream_add,
+    stream_add_relu,
+    stream_div,
+    stream_div_relu,
+    stream_mul,
+    stream_mul_relu,
+    stream_neg,
+    stream_relu,
+    stream_sub,
+    stream_sub_relu,
+    tanh32,
+    tanh64,
+)
 
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy")  # IEEE results: no fast-math, no division checks
 #: elements of a row per parallel task
@@ -70,8 +90,9 @@ tanh_ = _scalar(lambda F, exp, phi, tanh: lambda v: tanh(v))
 
 
 @njit(parallel=True, **OPTIONS)
-def unary(x, out, code):
-    """``out = act(code, x)`` over 2-D arrays."""
+def unary(x, out, code, stream):
+    """``out = act(code, x)`` over 2-D arrays; ``stream``: rows of unit stride, neg and relu stored
+    past the caches (:func:`_streamed_unary`)."""
     rows, cols = x.shape
     blocks = (cols + CHUNK - 1) // CHUNK
     for t in prange(rows * blocks):
@@ -81,7 +102,9 @@ def unary(x, out, code):
         xr = x[r, c0:c1]  # slices: loops from 0 index without negative-index checks, and vectorize
         yr = out[r, c0:c1]
         # one loop per code: the branch is taken once per block, each loop vectorizes on its own
-        if code == 1:
+        if stream and (code == 1 or code == 2):
+            _streamed_unary(xr, yr, code)
+        elif code == 1:
             for j in range(c1 - c0):
                 yr[j] = -xr[j]
         elif code == 2:
@@ -108,10 +131,11 @@ def unary(x, out, code):
 
 
 @njit(parallel=True, **OPTIONS)
-def binary(a, b, out, code):
+def binary(a, b, out, code, stream):
     """``out = a <op> b`` over 2-D arrays: ``out`` (rows, cols); ``a`` and ``b`` (rows, cols) or
     (1, cols) (a row repeated: a bias), or of ``out``'s shape with stride 0 where they broadcast.
-    A task is a block of :data:`CHUNK` elements of a row, or as many short rows as make one."""
+    A task is a block of :data:`CHUNK` elements of a row, or as many short rows as make one.
+    ``stream``: every row of unit stride, the result stored past the caches (:func:`_streamed`)."""
     rows, cols = out.shape
     ra, rb = a.shape[0], b.shape[0]
     blocks = (cols + CHUNK - 1) // CHUNK
@@ -121,15 +145,19 @@ def binary(a, b, out, code):
         c0 = (t % blocks) * CHUNK
         c1 = min(cols, c0 + CHUNK)
         for r in range(r0, min(rows, r0 + per)):
-            _plain(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code)
+            if stream:
+                _streamed(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code, 0)
+            else:
+                _plain(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code)
 
 
 @njit(parallel=True, **OPTIONS)
-def binary_act(a, b, out, code, act):
+def binary_act(a, b, out, code, act, stream):
     """``out = act(a <op> b)``: :func:`binary` with the activation ``act`` (a code of :data:`CODES`:
     relu, gelu, gelu_tanh, silu) applied to each element as it is made, in the same vectorized
     loop (one pass over the data, no second sweep). Apart from :func:`binary` so that a plain
-    operator compiles (cold, once per machine) without the activations' loops."""
+    operator compiles (cold, once per machine) without the activations' loops. ``stream``: as
+    :func:`binary`'s, for relu (the other activations are bound by their arithmetic)."""
     rows, cols = out.shape
     ra, rb = a.shape[0], b.shape[0]
     blocks = (cols + CHUNK - 1) // CHUNK
@@ -139,7 +167,10 @@ def binary_act(a, b, out, code, act):
         c0 = (t % blocks) * CHUNK
         c1 = min(cols, c0 + CHUNK)
         for r in range(r0, min(rows, r0 + per)):
-            _activated(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code, act)
+            if stream and act == 2:
+                _streamed(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code, act)
+            else:
+                _activated(a[r if ra > 1 else 0, c0:c1], b[r if rb > 1 else 0, c0:c1], out[r, c0:c1], code, act)
 
 
 @njit(parallel=True, **OPTIONS)
@@ -209,6 +240,66 @@ def _plain(a, b, y, code):
     else:
         for j in range(n):
             y[j] = a[j] / b[j]
+
+
+@njit(**OPTIONS)
+def _streamed(a, b, y, code, act):
+    """``y = act(a <op> b)`` (``act``: none or relu) on 1-D blocks of unit stride, ``y`` stored
+    past the caches by whole vectors (:func:`._nb_math.stream_add` and kin) from its first
+    :data:`VECTOR_BYTES`-aligned element; the elements before and after in scalars."""
+    n = y.shape[0]
+    lanes = VECTOR_BYTES // y.itemsize
+    head = min(n, (-(y.ctypes.data // y.itemsize)) % lanes)
+    body = head + (n - head) // lanes * lanes
+    if act == 2:
+        _relu_of(a[:head], b[:head], y[:head], code)
+        _relu_of(a[body:], b[body:], y[body:], code)
+        if code == 0:
+            for i in range(head, body, lanes):
+                stream_add_relu(y, a, b, i)
+        elif code == 1:
+            for i in range(head, body, lanes):
+                stream_sub_relu(y, a, b, i)
+        elif code == 2:
+            for i in range(head, body, lanes):
+                stream_mul_relu(y, a, b, i)
+        else:
+            for i in range(head, body, lanes):
+                stream_div_relu(y, a, b, i)
+        return
+    _plain(a[:head], b[:head], y[:head], code)
+    _plain(a[body:], b[body:], y[body:], code)
+    if code == 0:
+        for i in range(head, body, lanes):
+            stream_add(y, a, b, i)
+    elif code == 1:
+        for i in range(head, body, lanes):
+            stream_sub(y, a, b, i)
+    elif code == 2:
+        for i in range(head, body, lanes):
+            stream_mul(y, a, b, i)
+    else:
+        for i in range(head, body, lanes):
+            stream_div(y, a, b, i)
+
+
+@njit(**OPTIONS)
+def _streamed_unary(x, y, code):
+    """``y = -x`` (code 1) or ``relu(x)`` (code 2) as :func:`_streamed` does a binary operator."""
+    n = y.shape[0]
+    lanes = VECTOR_BYTES // y.itemsize
+    head = min(n, (-(y.ctypes.data // y.itemsize)) % lanes)
+    body = head + (n - head) // lanes * lanes
+    for j in range(head):
+        y[j] = -x[j] if code == 1 else relu(x[j])
+    for j in range(body, n):
+        y[j] = -x[j] if code == 1 else relu(x[j])
+    if code == 1:
+        for i in range(head, body, lanes):
+            stream_neg(y, x, x, i)
+    else:
+        for i in range(head, body, lanes):
+            stream_relu(y, x, x, i)
 
 
 @njit(**OPTIONS)

@@ -24,6 +24,12 @@ conformance suite checks. So instead:
   :func:`maximum` (``llvm.maximum``) propagates NaN and also vectorizes as a reduction (an
   integer NaN count or a NaN-probing sum beside ``maxnum`` in the same loop does not: 12x slower).
 * :func:`fma` is ``llvm.fmuladd`` (fused where the CPU has FMA) for the polynomials.
+* :func:`stream_add` and its kin compute one vector of :data:`VECTOR_BYTES` and store it
+  *non-temporally* (``!nontemporal``: ``vmovntps``), past the caches. A result larger than the
+  caches is then written once; a plain store first reads each line of the result it writes
+  (the read for ownership), a third of a binary operator's traffic. LLVM's loop vectorizer keeps
+  no non-temporal store it cannot prove aligned, hence intrinsics on whole vectors; the caller
+  (:func:`._nb_elementwise._streamed`) does the unaligned head and the tail in scalars.
 """
 
 from __future__ import annotations
@@ -36,6 +42,74 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 F32 = np.float32
+
+
+def _vector_bytes() -> int:
+    """64 where numba compiles for AVX-512 (32 vector registers), else 32 (AVX2: 16 registers):
+    the target's features as numba sets them (``NUMBA_CPU_FEATURES``, :func:`.jit._wide_vectors`),
+    else the host's."""
+    try:
+        import numba
+
+        features = numba.config.CPU_FEATURES
+        if features:
+            return 64 if "+avx512f" in features.split(",") else 32
+        import llvmlite.binding as ll
+
+        return 64 if ll.get_host_cpu_features().get("avx512f") else 32
+    except Exception:  # another layout: the narrower vectors, correct everywhere
+        return 32
+
+
+#: bytes of one vector register the kernels' explicit vector code uses (:func:`_vector_bytes`)
+VECTOR_BYTES = _vector_bytes()
+
+
+def _streaming(name: str, fn, unary: bool = False):
+    """An intrinsic ``name(y, a, b, i)``: ``y[i:i + n] = fn(a[i:i + n], b[i:i + n])`` for one
+    vector of n = :data:`VECTOR_BYTES` / itemsize elements of 1-D unit-stride arrays, stored
+    non-temporally; ``y``'s element ``i`` must be :data:`VECTOR_BYTES`-aligned (``b`` is not read
+    when ``unary``). ``fn(builder, va, vb, vt)`` builds the vector result."""
+
+    def impl(typingctx, y, a, b, i):
+        sig = types.void(y, a, b, types.intp)
+
+        def codegen(context, builder, signature, args):
+            ft = context.get_data_type(signature.args[0].dtype)
+            size = context.get_abi_sizeof(ft)
+            vt = ir.VectorType(ft, VECTOR_BYTES // size)
+
+            def at(k: int):  # a vector pointer to element i of argument k
+                ary = context.make_array(signature.args[k])(context, builder, args[k])
+                return builder.bitcast(builder.gep(ary.data, [args[3]]), ir.PointerType(vt))
+
+            va = builder.load(at(1), align=size)
+            vb = None if unary else builder.load(at(2), align=size)
+            store = builder.store(fn(builder, va, vb, vt), at(0), align=VECTOR_BYTES)
+            store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
+def _relu_v(builder, v, vt):
+    """``v < 0 ? 0 : v`` per lane (NaN stays NaN: the comparison is ordered)."""
+    return builder.select(builder.fcmp_ordered("<", v, ir.Constant(vt, None)), ir.Constant(vt, None), v)
+
+
+stream_add = _streaming("stream_add", lambda b, x, y, vt: b.fadd(x, y))
+stream_sub = _streaming("stream_sub", lambda b, x, y, vt: b.fsub(x, y))
+stream_mul = _streaming("stream_mul", lambda b, x, y, vt: b.fmul(x, y))
+stream_div = _streaming("stream_div", lambda b, x, y, vt: b.fdiv(x, y))
+stream_add_relu = _streaming("stream_add_relu", lambda b, x, y, vt: _relu_v(b, b.fadd(x, y), vt))
+stream_sub_relu = _streaming("stream_sub_relu", lambda b, x, y, vt: _relu_v(b, b.fsub(x, y), vt))
+stream_mul_relu = _streaming("stream_mul_relu", lambda b, x, y, vt: _relu_v(b, b.fmul(x, y), vt))
+stream_div_relu = _streaming("stream_div_relu", lambda b, x, y, vt: _relu_v(b, b.fdiv(x, y), vt))
+stream_neg = _streaming("stream_neg", lambda b, x, y, vt: b.fneg(x), unary=True)
+stream_relu = _streaming("stream_relu", lambda b, x, y, vt: _relu_v(b, x, vt), unary=True)
 
 
 def _binary_intrinsic(name: str):
