@@ -31,10 +31,6 @@ from .matmul import CPU_BYTES, CPU_FLOPS, F16
 
 UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 _quiet = np.errstate(divide="ignore", invalid="ignore", over="ignore")  # IEEE results, no warnings
-#: results of more bytes than this are stored past the caches (non-temporal stores: a result this
-#: large is not read back from the cache, and a plain store first reads each line it writes);
-#: the cpu suite's 4096 x 1024 float32 sub: 1.23 -> 0.88 ms in a loop of the kernel alone
-STREAM_BYTES = 8 << 20
 #: elements of a binary result the NumPy kernel activates at a time (gelu, silu: one temporary
 #: of this many elements, 128 KB in float32, instead of one of the result's size)
 ACT_BLOCK = 1 << 15
@@ -160,7 +156,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
             else:
                 a2, b2, out_2d = views(a, b)
                 out = buffers.empty(out_2d, a2.dtype)
-                stream = out.nbytes > STREAM_BYTES and a2.strides[1] == b2.strides[1] == a2.itemsize
+                stream = out.nbytes > buffers.STREAM_BYTES and a2.strides[1] == b2.strides[1] == a2.itemsize
                 if act:
                     jit.call(nb.binary_act, a2, b2, out, code, act, stream)
                 else:
@@ -178,7 +174,7 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
             # and a vector loop's remainder of each row)
             x2 = x.reshape(1, -1) if x.flags.c_contiguous else as_2d(x)
             out = buffers.empty(x2.shape, x2.dtype)
-            jit.call(nb.unary, x2, out, code, out.nbytes > STREAM_BYTES and x2.strides[1] == x2.itemsize)
+            jit.call(nb.unary, x2, out, code, out.nbytes > buffers.STREAM_BYTES and x2.strides[1] == x2.itemsize)
             out = out.reshape(shape)
             return out.astype(np.float16) if f16 else out
 

@@ -96,7 +96,7 @@ def test_streamed_results_at_every_alignment(dtype, rng):
 def test_large_results_take_the_streamed_loops(rng, monkeypatch):
     """Results past ``STREAM_BYTES`` go through the streamed loops (made to here with a threshold
     of 0): every operator, relu fused or not, neg and relu, a strided operand still the plain loop."""
-    monkeypatch.setattr(elementwise, "STREAM_BYTES", 0)
+    monkeypatch.setattr(elementwise.buffers, "STREAM_BYTES", 0)
     a = rng.standard_normal((5, 3 * CHUNK + 5)).astype(np.float32)
     b = rng.standard_normal((5, 3 * CHUNK + 5)).astype(np.float32)
     for op in ("add", "sub", "mul", "div"):
