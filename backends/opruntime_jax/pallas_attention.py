@@ -88,11 +88,9 @@ def _kernel(q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any, scale: float, causal
         m, lsum, acc = carry
         start = pl.multiple_of(j * bk, bk)
         k = k_ref[pl.ds(start, bk), :]
-        if interpreted:
-            s = lax.dot_general(q, k.astype(f32), (((1,), (1,)), ((), ())), precision=precision,
-                                preferred_element_type=f32)
-        else:
-            s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=f32)
+        s = lax.dot_general(q, k.astype(f32) if interpreted else k, (((1,), (1,)), ((), ())), precision=precision,
+                            preferred_element_type=f32)
+        if not interpreted:  # (interpreted: the scale is in q)
             s = s * qk_scale
         if m_ref is not None:
             mk = m_ref[:, pl.ds(start, bk)] if mask_cols else m_ref[...]

@@ -281,20 +281,8 @@ VECTOR_BYTES = _nb_math.VECTOR_BYTES
 STRIP_VECTORS, STRIP_CHANNELS = 3, (8 if VECTOR_BYTES == 64 else 4)
 
 
-def _lanes(context, dtype):
-    """(element type, lanes, vector type) of a vector of :data:`VECTOR_BYTES` of ``dtype``."""
-    ft = context.get_data_type(dtype)
-    lanes = VECTOR_BYTES // context.get_abi_sizeof(ft)
-    return ft, lanes, ir.VectorType(ft, lanes)
-
-
 def _slots(builder, acc, vt):
     return builder.bitcast(acc, ir.PointerType(ir.ArrayType(vt, STRIP_VECTORS * STRIP_CHANNELS)))
-
-
-def _at(context, builder, aryty, ary, off):
-    """A pointer to element ``off`` (counted flat) of a C-contiguous array."""
-    return cgutils.gep(builder, context.make_array(aryty)(context, builder, ary).data, off)
 
 
 @intrinsic
@@ -306,7 +294,7 @@ def _strip_zero(typingctx, like):
     sig = types.voidptr(like)
 
     def codegen(context, builder, signature, args):
-        _, _, vt = _lanes(context, like.dtype)
+        _, _, vt = _nb_math.vector_type(context, like.dtype)
         slots = cgutils.alloca_once(builder, ir.ArrayType(vt, STRIP_VECTORS * STRIP_CHANNELS))
         for i in range(STRIP_VECTORS * STRIP_CHANNELS):
             builder.store(ir.Constant(vt, None), cgutils.gep(builder, slots, 0, i))
@@ -324,20 +312,17 @@ def _strip_fma(typingctx, acc, x, xoff, w, woff):
     sig = types.none(acc, x, xoff, w, woff)
 
     def codegen(context, builder, signature, args):
-        ft, lanes, vt = _lanes(context, x.dtype)
+        ft, lanes, vt = _nb_math.vector_type(context, x.dtype)
         slots = _slots(builder, args[0], vt)
-        xp = _at(context, builder, signature.args[1], args[1], args[2])
-        wp = _at(context, builder, signature.args[3], args[3], args[4])
+        xp = _nb_math.element_ptr(context, builder, signature.args[1], args[1], args[2])
+        wp = _nb_math.element_ptr(context, builder, signature.args[3], args[3], args[4])
         size = context.get_abi_sizeof(ft)
         name = f"llvm.fma.v{lanes}{'f32' if size == 4 else 'f64'}"
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), name)
         xs = [builder.load(builder.bitcast(cgutils.gep(builder, xp, v * lanes), ir.PointerType(vt)), align=size)
               for v in range(STRIP_VECTORS)]
-        spread = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
         for c in range(STRIP_CHANNELS):
-            one = builder.insert_element(ir.Constant(vt, ir.Undefined), builder.load(cgutils.gep(builder, wp, c)),
-                                         ir.Constant(ir.IntType(32), 0))
-            wv = builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), spread)
+            wv = _nb_math.splat(builder, builder.load(cgutils.gep(builder, wp, c)), vt)
             for v in range(STRIP_VECTORS):
                 slot = cgutils.gep(builder, slots, 0, c * STRIP_VECTORS + v)
                 builder.store(builder.call(fma, [xs[v], wv, builder.load(slot)]), slot)
@@ -353,12 +338,12 @@ def _strip_save(typingctx, acc, buf, off, stride):
     sig = types.none(acc, buf, off, stride)
 
     def codegen(context, builder, signature, args):
-        ft, lanes, vt = _lanes(context, buf.dtype)
+        ft, lanes, vt = _nb_math.vector_type(context, buf.dtype)
         slots = _slots(builder, args[0], vt)
         size = context.get_abi_sizeof(ft)
         for c in range(STRIP_CHANNELS):
             at = builder.add(args[2], builder.mul(args[3], ir.Constant(args[3].type, c)))
-            bp = _at(context, builder, signature.args[1], args[1], at)
+            bp = _nb_math.element_ptr(context, builder, signature.args[1], args[1], at)
             for v in range(STRIP_VECTORS):
                 dst = builder.bitcast(cgutils.gep(builder, bp, v * lanes), ir.PointerType(vt))
                 builder.store(builder.load(cgutils.gep(builder, slots, 0, c * STRIP_VECTORS + v)), dst, align=size)
@@ -375,24 +360,17 @@ def _strip_save_act(typingctx, acc, buf, off, stride, bias, boff, relu):
     sig = types.none(acc, buf, off, stride, bias, boff, relu)
 
     def codegen(context, builder, signature, args):
-        ft, lanes, vt = _lanes(context, buf.dtype)
+        ft, lanes, vt = _nb_math.vector_type(context, buf.dtype)
         slots = _slots(builder, args[0], vt)
         size = context.get_abi_sizeof(ft)
-        bp = _at(context, builder, signature.args[4], args[4], args[5])
-        on = builder.icmp_signed("!=", args[6], ir.Constant(args[6].type, 0))
-        bits = ir.VectorType(ir.IntType(1), lanes)
-        on = builder.select(on, ir.Constant(bits, [1] * lanes), ir.Constant(bits, [0] * lanes))
-        zero = ir.Constant(vt, None)
-        spread = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+        bp = _nb_math.element_ptr(context, builder, signature.args[4], args[4], args[5])
         for c in range(STRIP_CHANNELS):
-            one = builder.insert_element(ir.Constant(vt, ir.Undefined), builder.load(cgutils.gep(builder, bp, c)),
-                                         ir.Constant(ir.IntType(32), 0))
-            bv = builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), spread)
+            bv = _nb_math.splat(builder, builder.load(cgutils.gep(builder, bp, c)), vt)
             at = builder.add(args[2], builder.mul(args[3], ir.Constant(args[3].type, c)))
-            dp = _at(context, builder, signature.args[1], args[1], at)
+            dp = _nb_math.element_ptr(context, builder, signature.args[1], args[1], at)
             for v in range(STRIP_VECTORS):
                 y = builder.fadd(builder.load(cgutils.gep(builder, slots, 0, c * STRIP_VECTORS + v)), bv)
-                y = builder.select(builder.and_(builder.fcmp_ordered("<", y, zero), on), zero, y)
+                y = _nb_math.relu_where(builder, y, args[6], vt)
                 dst = builder.bitcast(cgutils.gep(builder, dp, v * lanes), ir.PointerType(vt))
                 builder.store(y, dst, align=size)
         return context.get_dummy_value()

@@ -27,15 +27,11 @@ from ._nb_math import (
     exp64,
     fma,
     stream_add,
-    stream_add_relu,
+    stream_copy,
     stream_div,
-    stream_div_relu,
     stream_mul,
-    stream_mul_relu,
     stream_neg,
-    stream_relu,
     stream_sub,
-    stream_sub_relu,
     tanh32,
     tanh64,
 )
@@ -242,64 +238,57 @@ def _plain(a, b, y, code):
             y[j] = a[j] / b[j]
 
 
+@njit(inline="always", **OPTIONS)
+def _aligned_part(y):
+    """(head, body) of the 1-D ``y``: its elements from ``head`` to ``body`` are whole vectors of
+    :data:`VECTOR_BYTES` starting at an aligned address (the non-temporal stores' part)."""
+    n = y.shape[0]
+    lanes = VECTOR_BYTES // y.itemsize
+    head = min(n, (-(y.ctypes.data // y.itemsize)) % lanes)
+    return head, head + (n - head) // lanes * lanes
+
+
 @njit(**OPTIONS)
 def _streamed(a, b, y, code, act):
     """``y = act(a <op> b)`` (``act``: none or relu) on 1-D blocks of unit stride, ``y`` stored
     past the caches by whole vectors (:func:`._nb_math.stream_add` and kin) from its first
     :data:`VECTOR_BYTES`-aligned element; the elements before and after in scalars."""
-    n = y.shape[0]
+    head, body = _aligned_part(y)
     lanes = VECTOR_BYTES // y.itemsize
-    head = min(n, (-(y.ctypes.data // y.itemsize)) % lanes)
-    body = head + (n - head) // lanes * lanes
-    if act == 2:
-        _relu_of(a[:head], b[:head], y[:head], code)
-        _relu_of(a[body:], b[body:], y[body:], code)
-        if code == 0:
-            for i in range(head, body, lanes):
-                stream_add_relu(y, a, b, i)
-        elif code == 1:
-            for i in range(head, body, lanes):
-                stream_sub_relu(y, a, b, i)
-        elif code == 2:
-            for i in range(head, body, lanes):
-                stream_mul_relu(y, a, b, i)
+    relu = act == 2
+    for lo, hi in ((0, head), (body, y.shape[0])):
+        if relu:
+            _relu_of(a[lo:hi], b[lo:hi], y[lo:hi], code)
         else:
-            for i in range(head, body, lanes):
-                stream_div_relu(y, a, b, i)
-        return
-    _plain(a[:head], b[:head], y[:head], code)
-    _plain(a[body:], b[body:], y[body:], code)
+            _plain(a[lo:hi], b[lo:hi], y[lo:hi], code)
     if code == 0:
         for i in range(head, body, lanes):
-            stream_add(y, a, b, i)
+            stream_add(y, a, b, i, relu)
     elif code == 1:
         for i in range(head, body, lanes):
-            stream_sub(y, a, b, i)
+            stream_sub(y, a, b, i, relu)
     elif code == 2:
         for i in range(head, body, lanes):
-            stream_mul(y, a, b, i)
+            stream_mul(y, a, b, i, relu)
     else:
         for i in range(head, body, lanes):
-            stream_div(y, a, b, i)
+            stream_div(y, a, b, i, relu)
 
 
 @njit(**OPTIONS)
 def _streamed_unary(x, y, code):
     """``y = -x`` (code 1) or ``relu(x)`` (code 2) as :func:`_streamed` does a binary operator."""
-    n = y.shape[0]
+    head, body = _aligned_part(y)
     lanes = VECTOR_BYTES // y.itemsize
-    head = min(n, (-(y.ctypes.data // y.itemsize)) % lanes)
-    body = head + (n - head) // lanes * lanes
-    for j in range(head):
-        y[j] = -x[j] if code == 1 else relu(x[j])
-    for j in range(body, n):
-        y[j] = -x[j] if code == 1 else relu(x[j])
+    for lo, hi in ((0, head), (body, y.shape[0])):
+        for j in range(lo, hi):
+            y[j] = -x[j] if code == 1 else relu(x[j])
     if code == 1:
         for i in range(head, body, lanes):
-            stream_neg(y, x, x, i)
+            stream_neg(y, x, x, i, False)
     else:
         for i in range(head, body, lanes):
-            stream_relu(y, x, x, i)
+            stream_copy(y, x, x, i, True)
 
 
 @njit(**OPTIONS)

@@ -39,6 +39,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 F32 = np.float32
@@ -65,27 +66,59 @@ def _vector_bytes() -> int:
 VECTOR_BYTES = _vector_bytes()
 
 
-def _streaming(name: str, fn, unary: bool = False):
-    """An intrinsic ``name(y, a, b, i)``: ``y[i:i + n] = fn(a[i:i + n], b[i:i + n])`` for one
-    vector of n = :data:`VECTOR_BYTES` / itemsize elements of 1-D unit-stride arrays, stored
-    non-temporally; ``y``'s element ``i`` must be :data:`VECTOR_BYTES`-aligned (``b`` is not read
-    when ``unary``). ``fn(builder, va, vb, vt)`` builds the vector result."""
+# -- explicit vector IR: helpers of the intrinsics here and in :mod:`._nb_conv` --------------------
 
-    def impl(typingctx, y, a, b, i):
-        sig = types.void(y, a, b, types.intp)
+def vector_type(context, dtype):
+    """(element type, lanes, vector type) of a vector of :data:`VECTOR_BYTES` of ``dtype``."""
+    ft = context.get_data_type(dtype)
+    lanes = VECTOR_BYTES // context.get_abi_sizeof(ft)
+    return ft, lanes, ir.VectorType(ft, lanes)
+
+
+def element_ptr(context, builder, aryty, ary, off):
+    """A pointer to element ``off`` (counted flat) of a C-contiguous (or unit-stride 1-D) array."""
+    return cgutils.gep(builder, context.make_array(aryty)(context, builder, ary).data, off)
+
+
+def splat(builder, value, vt):
+    """``value`` (a scalar of ``vt``'s element type) in every lane of a ``vt``."""
+    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), vt.count), [0] * vt.count))
+
+
+def relu_where(builder, v, on, vt):
+    """``v < 0 ? 0 : v`` in every lane where the integer ``on`` is not 0, else ``v`` (NaN kept:
+    the comparison is ordered)."""
+    flag = builder.icmp_unsigned("!=", on, ir.Constant(on.type, 0))
+    bits = ir.VectorType(ir.IntType(1), vt.count)
+    flags = builder.select(flag, ir.Constant(bits, [1] * vt.count), ir.Constant(bits, [0] * vt.count))
+    zero = ir.Constant(vt, None)
+    return builder.select(builder.and_(builder.fcmp_ordered("<", v, zero), flags), zero, v)
+
+
+def _streaming(name: str, fn, unary: bool = False):
+    """An intrinsic ``name(y, a, b, i, relu)``: ``y[i:i + n] = fn(a[i:i + n], b[i:i + n])``, then
+    ReLU where ``relu``, for one vector of n = :data:`VECTOR_BYTES` / itemsize elements of 1-D
+    unit-stride arrays, stored non-temporally; ``y``'s element ``i`` must be
+    :data:`VECTOR_BYTES`-aligned (``b`` is not read when ``unary``). ``fn(builder, va, vb)``
+    builds the vector result."""
+
+    def impl(typingctx, y, a, b, i, relu):
+        sig = types.void(y, a, b, types.intp, relu)
 
         def codegen(context, builder, signature, args):
-            ft = context.get_data_type(signature.args[0].dtype)
+            ft, _, vt = vector_type(context, signature.args[0].dtype)
             size = context.get_abi_sizeof(ft)
-            vt = ir.VectorType(ft, VECTOR_BYTES // size)
 
             def at(k: int):  # a vector pointer to element i of argument k
-                ary = context.make_array(signature.args[k])(context, builder, args[k])
-                return builder.bitcast(builder.gep(ary.data, [args[3]]), ir.PointerType(vt))
+                return builder.bitcast(element_ptr(context, builder, signature.args[k], args[k], args[3]),
+                                       ir.PointerType(vt))
 
             va = builder.load(at(1), align=size)
             vb = None if unary else builder.load(at(2), align=size)
-            store = builder.store(fn(builder, va, vb, vt), at(0), align=VECTOR_BYTES)
+            v = relu_where(builder, fn(builder, va, vb), args[4], vt)
+            store = builder.store(v, at(0), align=VECTOR_BYTES)
             store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
             return context.get_dummy_value()
 
@@ -95,21 +128,12 @@ def _streaming(name: str, fn, unary: bool = False):
     return intrinsic(impl)
 
 
-def _relu_v(builder, v, vt):
-    """``v < 0 ? 0 : v`` per lane (NaN stays NaN: the comparison is ordered)."""
-    return builder.select(builder.fcmp_ordered("<", v, ir.Constant(vt, None)), ir.Constant(vt, None), v)
-
-
-stream_add = _streaming("stream_add", lambda b, x, y, vt: b.fadd(x, y))
-stream_sub = _streaming("stream_sub", lambda b, x, y, vt: b.fsub(x, y))
-stream_mul = _streaming("stream_mul", lambda b, x, y, vt: b.fmul(x, y))
-stream_div = _streaming("stream_div", lambda b, x, y, vt: b.fdiv(x, y))
-stream_add_relu = _streaming("stream_add_relu", lambda b, x, y, vt: _relu_v(b, b.fadd(x, y), vt))
-stream_sub_relu = _streaming("stream_sub_relu", lambda b, x, y, vt: _relu_v(b, b.fsub(x, y), vt))
-stream_mul_relu = _streaming("stream_mul_relu", lambda b, x, y, vt: _relu_v(b, b.fmul(x, y), vt))
-stream_div_relu = _streaming("stream_div_relu", lambda b, x, y, vt: _relu_v(b, b.fdiv(x, y), vt))
-stream_neg = _streaming("stream_neg", lambda b, x, y, vt: b.fneg(x), unary=True)
-stream_relu = _streaming("stream_relu", lambda b, x, y, vt: _relu_v(b, x, vt), unary=True)
+stream_add = _streaming("stream_add", lambda b, x, y: b.fadd(x, y))
+stream_sub = _streaming("stream_sub", lambda b, x, y: b.fsub(x, y))
+stream_mul = _streaming("stream_mul", lambda b, x, y: b.fmul(x, y))
+stream_div = _streaming("stream_div", lambda b, x, y: b.fdiv(x, y))
+stream_neg = _streaming("stream_neg", lambda b, x, y: b.fneg(x), unary=True)
+stream_copy = _streaming("stream_copy", lambda b, x, y: x, unary=True)
 
 
 def _binary_intrinsic(name: str):
