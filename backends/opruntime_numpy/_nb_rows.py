@@ -205,10 +205,13 @@ def cols_stats(x, out, ms, ss, log, width, parts, first, last):
     """softmax along axis 1 of the 3-D ``x`` (outer, n, inner), ``inner > 1``, first half: the
     tasks ``first:last`` of (outer index, block of ``width`` columns, one of ``parts`` runs of
     rows), each streaming its rows' blocks (whole rows when ``inner <= width``, which the
-    prefetchers follow; a narrow block per row started a new page every row) in one online pass
-    into ``ms``, ``ss`` (outer, parts, inner): per column the running max and the sum of exps
-    rescaled to it (blocks of :data:`CHUNK_ROWS` rows in x's dtype, added to ``ss`` in float64), vectorized across the columns and branch-free. A column of -inf keeps a zero
-    sum, +inf and NaN give NaN sums.
+    prefetchers follow; a narrow block per row started a new page every row) in one pass into
+    ``ms``, ``ss`` (outer, parts, inner): per column the max and the sum of exps relative to it,
+    vectorized across the columns and branch-free. Blocks of :data:`CHUNK_ROWS` rows (128 KB at
+    1024 float32 columns: in L2) are read twice: their max first (the running max raised once a
+    block, the float64 sums rescaled to it), then their exps, summed in x's dtype and added to
+    ``ss``: one exp per element, where a running max per element took two (the max's rescale and
+    the element's exp). A column of -inf keeps a zero sum, +inf and NaN give NaN sums.
 
     (``out`` and ``log`` unused: :func:`cols_out`'s arguments, so that one parallel wrapper,
     :func:`par_cols`, runs both.) Not ``parallel=True`` itself: a ``prange`` wrapper calls it by
@@ -221,7 +224,7 @@ def cols_stats(x, out, ms, ss, log, width, parts, first, last):
     zero = x.dtype.type(0.0)
     one = x.dtype.type(1.0)
     s32 = np.empty(min(width, inner), x.dtype)  # a block of rows' sums, in x's dtype
-    mf = np.empty(min(width, inner), x.dtype)  # the max they were last folded at
+    bm = np.empty(min(width, inner), x.dtype)  # the running max, the block's rows included
     for t in range(first, last):
         o, k, c0, c1 = _col_task(t, blocks, parts, width, inner)
         w = c1 - c0
@@ -229,29 +232,29 @@ def cols_stats(x, out, ms, ss, log, width, parts, first, last):
         s = ss[o, k, c0:c1]
         for c in range(w):
             m[c] = ninf
-            mf[c] = ninf
             s[c] = 0.0
-            s32[c] = zero
         i1 = min(n, k * step + step)
         for i0 in range(min(n, k * step), i1, CHUNK_ROWS):
+            for c in range(w):
+                bm[c] = m[c]
             for i in range(i0, min(i1, i0 + CHUNK_ROWS)):
                 xi = x[o, i, c0:c1]  # a 1-D slice of a row: contiguous, vectorized
                 for c in range(w):
-                    v = xi[c]
-                    mo = m[c]
-                    mn = maxnum(mo, v)
-                    alpha = fexp(mo - mn)  # both computed, then selected: the loop stays branch-free
-                    p = fexp(v - mn)
-                    alpha = one if mo == mn else alpha
-                    p = zero if v == ninf else p
-                    s32[c] = s32[c] * alpha + p
-                    m[c] = mn
-            for c in range(w):  # the block's sums into the float64 ones, rescaled to the new max
-                a = fexp(mf[c] - m[c])
-                a = one if mf[c] == m[c] else a
-                s[c] = s[c] * np.float64(a) + np.float64(s32[c])
+                    bm[c] = maxnum(bm[c], xi[c])
+            for c in range(w):  # the sums so far rescaled to the raised max
+                a = fexp(m[c] - bm[c])
+                a = one if m[c] == bm[c] else a  # -inf == -inf, +inf == +inf: the sum as it is
+                s[c] = s[c] * np.float64(a)
+                m[c] = bm[c]
                 s32[c] = zero
-                mf[c] = m[c]
+            for i in range(i0, min(i1, i0 + CHUNK_ROWS)):
+                xi = x[o, i, c0:c1]
+                for c in range(w):
+                    v = xi[c]
+                    p = fexp(v - bm[c])
+                    s32[c] += zero if v == ninf else p  # a column of -inf so far: -inf - -inf is NaN
+            for c in range(w):
+                s[c] += np.float64(s32[c])
 
 
 @njit(**OPTIONS)

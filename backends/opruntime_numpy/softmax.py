@@ -10,9 +10,9 @@
   max, rescaled sum) and an output pass; fewer rows than 4x the threads are cut in pieces of
   :data:`SPLIT` elements or more, whose (max, sum) are found in parallel, combined, and the
   output pieces written in parallel. Along a strided axis, tasks of (block of :data:`COL_BLOCK`
-  columns, run of rows) run in parallel, each an online pass down its rows (vectorized across
-  the columns, each row of a block one contiguous run: whole rows up to COL_BLOCK, a stream the
-  prefetchers follow), then in the same tasks the runs' max and sum combined per column and the
+  columns, run of rows) run in parallel, each one pass down its rows (vectorized across the
+  columns, each row of a block one contiguous run: whole rows up to COL_BLOCK, a stream the
+  prefetchers follow; blocks of rows in L2, their max then their exps: one exp an element), then in the same tasks the runs' max and sum combined per column and the
   output pass; the tasks are ranges of two plain loops that one ``prange`` wrapper calls by address
   (``_nb_rows.par_cols``, :func:`.jit.task`): the loops compile apart and the wrapper once, a first
   use of 1.4 s where ``prange`` loops linked into one function took 2.3 (the target is 2), and on

@@ -269,3 +269,24 @@ def test_softmax_rows_of_huge_values(op, n, axis):
     with np.errstate(over="ignore"):
         ref = OPS[op].reference(x.astype(np.float64), axis=axis).astype(np.float32).astype(np.float64)
     assert rel_err(out, ref) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("rows", [100, 4099])
+def test_softmax_strided_axis_max_rising_across_blocks(op, rows):
+    """The strided-axis statistics over many blocks of rows (each block's max first, the sums so far
+    rescaled to it): columns whose max rises in every block, -inf before the first finite values,
+    all -inf, a NaN or +inf in a later block, huge values, and a row count that ends in a partial block."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((rows, 37)).astype(np.float32)
+    x[:, 0] = np.linspace(-50, 50, rows)  # rising: the max is raised by every block
+    x[:, 1] = np.linspace(50, -50, rows)  # falling: the first block holds it
+    x[: rows // 2, 2] = -np.inf  # -inf blocks, then finite ones
+    x[:, 3] = -np.inf
+    x[rows - 3, 4] = np.nan
+    x[rows - 5, 5] = np.inf
+    x[:, 6] *= 1e37
+    with pinned(f"numpy.{op}.numba"):
+        out = getattr(opr, op)(x, axis=0).numpy()
+    ref = OPS[op].reference(x.astype(np.float64), axis=0)
+    assert rel_err(out, ref) <= TOLERANCE["float32"]
