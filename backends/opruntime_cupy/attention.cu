@@ -133,9 +133,30 @@ __device__ __forceinline__ void tile_softmax(float* s, int n0, int S, int wr0, i
     }
 }
 
+// The work items of the tiled kernels (FAMILY 1: one per block, run in launch order; FAMILY 4: taken
+// from a counter by persistent blocks), so that whichever block is free takes the next: heads in
+// equal groups whose k and v fit half the L2 (50 MiB), the m-blocks of a group heaviest first
+// (causal: the last rows, which see the most keys), the heads of the group within an m-block. The
+// blocks running at once share k and v in the L2, and the short causal items come last, where
+// they fill the gaps (item w in the order: batch x head bh, m-block mb).
+__device__ __forceinline__ int head_group(int BH, int S, int EEv, int isz) {
+    const int most = max(1, min(BH, (int)((25ll << 20) / max(1ll, (i64)S * EEv * isz))));
+    const int groups = (BH + most - 1) / most;
+    return (BH + groups - 1) / groups;
+}
+__device__ __forceinline__ void work_item(unsigned w, int n_mb, int BH, int HG, int& bh, int& mb) {
+    const unsigned per_group = (unsigned)n_mb * HG;
+    const int grp = (int)(w / per_group), hg = min(HG, BH - grp * HG);
+    const unsigned wi = w - grp * per_group;
+    const int mi = (int)(wi / hg);
+    bh = grp * HG + (int)(wi - (unsigned)mi * hg);
+    mb = CAUSAL ? n_mb - 1 - mi : mi;
+}
+
 // ===============================================================================================
 #if FAMILY == 1
-// FlashAttention-2. One block per (tile of BM query rows, batch x head); WARPS warps, each owning
+// FlashAttention-2. One block per work item (a tile of BM query rows of one batch x head, in
+// work_item's order: causal, the longest first); WARPS warps, each owning
 // 16 query rows. The q tile is loaded once (its mma A fragments kept in registers when QREG); the
 // key and value tiles stream through two shared-memory stages each, filled by cp.async while the
 // previous tile is multiplied. Per key tile a warp computes S = q k^T with mma.sync (m16n8k16 on
@@ -160,6 +181,9 @@ __device__ __forceinline__ void tile_softmax(float* s, int n0, int S, int wr0, i
 // elements: they are read with plain shared loads, and the keys of each 8-key step are taken in
 // the order (0, 2, 4, 6, 1, 3, 5, 7) in both P and v (a sum over keys does not depend on their
 // order), so that each thread's two scores of an accumulator tile are its A fragment as they lie.
+// The three products of a step are issued over several n8 tiles at a time (all of the scores'
+// tiles; F32_G of the output's), each product of a tile after the others' same product: the
+// dependent products of one accumulator stand apart, and their order (small ones first) holds.
 #if DTYPE == 3
 #error "attn_flash: float16, bfloat16 (mma.sync) or float32 (3xTF32); float64 is FAMILY 2"
 #endif
@@ -183,6 +207,9 @@ __device__ __forceinline__ void tile_softmax(float* s, int n0, int S, int wr0, i
 #endif
 #ifndef QREG
 #define QREG (DTYPE != 0 && D <= 128)
+#endif
+#ifndef F32_G  // float32's P v: output tiles per group (a divisor of DV / 8)
+#define F32_G ((DV / 8) % 8 == 0 ? 8 : (DV / 8) % 4 == 0 ? 4 : (DV / 8) % 2 == 0 ? 2 : 1)
 #endif
 
 #define NT (WARPS * 32)
@@ -219,16 +246,6 @@ __device__ __forceinline__ unsigned lds32(unsigned addr) {
     unsigned v;
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
     return v;
-}
-// d += a b in three TF32 products, the small ones first
-__device__ __forceinline__ void mma3(float (&d)[4], const unsigned (&ah)[4], const unsigned (&al)[4], unsigned b0,
-                                     unsigned b1) {
-    unsigned bh0, bl0, bh1, bl1;
-    split(b0, bh0, bl0);
-    split(b1, bh1, bl1);
-    mma_tf32(d, al, bh0, bh1);
-    mma_tf32(d, ah, bl0, bl1);
-    mma_tf32(d, ah, bh0, bh1);
 }
 #endif
 
@@ -313,7 +330,8 @@ attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3, quad = lane >> 3, l8 = lane & 7;
     const int L = p.L, S = p.S;
-    const int mb = CAUSAL ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;  // causal: longest rows first
+    int bh, mb;  // the block's work item (work_item: causal, the longest rows first)
+    work_item(blockIdx.x, (L + BM - 1) / BM, p.B * p.H, head_group(p.B * p.H, S, p.E + p.Ev, sizeof(T)), bh, mb);
     const int m0 = mb * BM, wr0 = m0 + warp * 16;  // the block's and the warp's first query row
     const int n_end = CAUSAL ? min(S, m0 + BM) : S;
     const int nt = (n_end + BN - 1) / BN;
@@ -326,69 +344,68 @@ attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
     (void)M;
 #endif
 
-    for (int bh = blockIdx.y; bh < p.B * p.H; bh += gridDim.y) {
-        const int b = bh / p.H, h = bh - b * p.H;
-        const T* q = Q + b * p.sq[0] + (h / p.gq) * p.sq[1] + (i64)m0 * p.sq[2];
-        const T* k = K + b * p.sk[0] + (h / p.gk) * p.sk[1];
-        const T* v = V + b * p.sv[0] + (h / p.gv) * p.sv[1];
+    const int b = bh / p.H, h = bh - b * p.H;
+    const T* q = Q + b * p.sq[0] + (h / p.gq) * p.sq[1] + (i64)m0 * p.sq[2];
+    const T* k = K + b * p.sk[0] + (h / p.gk) * p.sk[1];
+    const T* v = V + b * p.sv[0] + (h / p.gv) * p.sv[1];
 #if MASK
-        i64 mrow[2];  // the mask's rows of this thread's two query rows (rows past L read row L - 1)
-        {
-            const i64 base = b * p.sm[0] + (h / p.gm) * p.sm[1];
+    i64 mrow[2];  // the mask's rows of this thread's two query rows (rows past L read row L - 1)
+    {
+        const i64 base = b * p.sm[0] + (h / p.gm) * p.sm[1];
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) mrow[hh] = base + (i64)min(wr0 + g + hh * 8, L - 1) * p.sm[2];
+        for (int hh = 0; hh < 2; ++hh) mrow[hh] = base + (i64)min(wr0 + g + hh * 8, L - 1) * p.sm[2];
+    }
+    const i64 smc = p.sm[3];
+#endif
+    // cp.async groups, in order: (q, k0), v0, then per tile j: k[j+1], v[j+1] (empty past the
+    // end, so that "wait until at most 2 are pending" always means the one before them).
+    load_tile<BM, DC, QS>(sQ, q, p.sq[2], p.sq[3], L - m0, p.E, tid);
+    load_tile<BN, DC, QS>(sK, k, p.sk[2], p.sk[3], S, p.E, tid);
+    cp_async_commit();
+    load_tile<BN, DVC, VS>(sV, v, p.sv[2], p.sv[3], S, p.Ev, tid);
+    cp_async_commit();
+
+    float acc[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.0f, 0.0f};
+#if QREG
+    unsigned qf[KSTEPS][4];
+#endif
+    // this thread's ldmatrix row of the warp's q rows (A fragments: matrices rows 0-7 / 8-15
+    // x chunks 2kk / 2kk + 1)
+    const unsigned qaddr = sQa + ((warp * 16 + (quad & 1) * 8 + l8) * QS + (quad >> 1)) * 16;
+
+    for (int j = 0; j < nt; ++j) {
+        const int n0 = j * BN;
+        if (j + 1 < nt)
+            load_tile<BN, DC, QS>(sK + ((j + 1) & 1) * BN * QS, k + (i64)(n0 + BN) * p.sk[2], p.sk[2], p.sk[3],
+                                  S - n0 - BN, p.E, tid);
+        cp_async_commit();
+        cp_async_wait<2>();  // q and k[j] have landed
+        __syncthreads();     // ... for every thread; and every warp is done with v[j - 1]
+        if (j + 1 < nt)
+            load_tile<BN, DVC, VS>(sV + ((j + 1) & 1) * BN * VS, v + (i64)(n0 + BN) * p.sv[2], p.sv[2],
+                                   p.sv[3], S - n0 - BN, p.Ev, tid);
+        cp_async_commit();
+#if QREG
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) ldsm_x4(qf[kk], qaddr + kk * 32);
         }
-        const i64 smc = p.sm[3];
 #endif
-        // cp.async groups, in order: (q, k0), v0, then per tile j: k[j+1], v[j+1] (empty past the
-        // end, so that "wait until at most 2 are pending" always means the one before them).
-        load_tile<BM, DC, QS>(sQ, q, p.sq[2], p.sq[3], L - m0, p.E, tid);
-        load_tile<BN, DC, QS>(sK, k, p.sk[2], p.sk[3], S, p.E, tid);
-        cp_async_commit();
-        load_tile<BN, DVC, VS>(sV, v, p.sv[2], p.sv[3], S, p.Ev, tid);
-        cp_async_commit();
-
-        float acc[NO][4];
+        // causal: a warp whose rows all end before this tile has nothing to do in it
+        const bool active = !CAUSAL || n0 <= wr0 + 15;
+        float s[NS][4];
+        if (active) {
 #pragma unroll
-        for (int n = 0; n < NO; ++n)
+            for (int n = 0; n < NS; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
-        float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.0f, 0.0f};
-#if QREG
-        unsigned qf[KSTEPS][4];
-#endif
-        // this thread's ldmatrix row of the warp's q rows (A fragments: matrices rows 0-7 / 8-15
-        // x chunks 2kk / 2kk + 1)
-        const unsigned qaddr = sQa + ((warp * 16 + (quad & 1) * 8 + l8) * QS + (quad >> 1)) * 16;
-
-        for (int j = 0; j < nt; ++j) {
-            const int n0 = j * BN;
-            if (j + 1 < nt)
-                load_tile<BN, DC, QS>(sK + ((j + 1) & 1) * BN * QS, k + (i64)(n0 + BN) * p.sk[2], p.sk[2], p.sk[3],
-                                      S - n0 - BN, p.E, tid);
-            cp_async_commit();
-            cp_async_wait<2>();  // q and k[j] have landed
-            __syncthreads();     // ... for every thread; and every warp is done with v[j - 1]
-            if (j + 1 < nt)
-                load_tile<BN, DVC, VS>(sV + ((j + 1) & 1) * BN * VS, v + (i64)(n0 + BN) * p.sv[2], p.sv[2],
-                                       p.sv[3], S - n0 - BN, p.Ev, tid);
-            cp_async_commit();
-#if QREG
-            if (j == 0) {
-#pragma unroll
-                for (int kk = 0; kk < KSTEPS; ++kk) ldsm_x4(qf[kk], qaddr + kk * 32);
-            }
-#endif
-            // causal: a warp whose rows all end before this tile has nothing to do in it
-            const bool active = !CAUSAL || n0 <= wr0 + 15;
-            float s[NS][4];
-            if (active) {
-#pragma unroll
-                for (int n = 0; n < NS; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-                // -- S = q k^T: B fragments of two n8 tiles per ldmatrix.x4 (rows: keys; chunks: k)
-                const unsigned kaddr = sKa + (((j & 1) * BN + (quad >> 1) * 8 + l8) * QS + (quad & 1)) * 16;
+                for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+            // -- S = q k^T: B fragments of two n8 tiles per ldmatrix.x4 (rows: keys; chunks: k)
+            const unsigned kaddr = sKa + (((j & 1) * BN + (quad >> 1) * 8 + l8) * QS + (quad & 1)) * 16;
 #if QREG
 #pragma unroll
 #elif DTYPE == 0
@@ -396,139 +413,168 @@ attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
 #else
 #pragma unroll 2
 #endif
-                for (int kk = 0; kk < KSTEPS; ++kk) {
-                    unsigned a[4];
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                unsigned a[4];
 #if QREG
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) a[e] = qf[kk][e];
+                for (int e = 0; e < 4; ++e) a[e] = qf[kk][e];
 #else
-                    ldsm_x4(a, qaddr + kk * 32);
+                ldsm_x4(a, qaddr + kk * 32);
 #endif
 #if DTYPE == 0
-                    unsigned ah[4], al[4];
+                unsigned ah[4], al[4];
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) split(a[e], ah[e], al[e]);
-#endif
+                for (int e = 0; e < 4; ++e) split(a[e], ah[e], al[e]);
+                // every n8 tile's B fragments split first, then each of the three products
+                // over all NS tiles: NS independent accumulators between dependent products
+                unsigned bh[NS][2], bl[NS][2];
 #pragma unroll
-                    for (int j2 = 0; j2 < NS / 2; ++j2) {
-                        unsigned x[4];
-                        ldsm_x4(x, kaddr + (j2 * 16 * QS + kk * 2) * 16);
-#if DTYPE == 0
-                        mma3(s[2 * j2], ah, al, x[0], x[1]);
-                        mma3(s[2 * j2 + 1], ah, al, x[2], x[3]);
+                for (int j2 = 0; j2 < NS / 2; ++j2) {
+                    unsigned x[4];
+                    ldsm_x4(x, kaddr + (j2 * 16 * QS + kk * 2) * 16);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) split(x[e], bh[2 * j2 + (e >> 1)][e & 1], bl[2 * j2 + (e >> 1)][e & 1]);
+                }
+#pragma unroll
+                for (int n = 0; n < NS; ++n) mma_tf32(s[n], al, bh[n][0], bh[n][1]);
+#pragma unroll
+                for (int n = 0; n < NS; ++n) mma_tf32(s[n], ah, bl[n][0], bl[n][1]);
+#pragma unroll
+                for (int n = 0; n < NS; ++n) mma_tf32(s[n], ah, bh[n][0], bh[n][1]);
 #else
-                        mma16816(s[2 * j2], a, x[0], x[1]);
-                        mma16816(s[2 * j2 + 1], a, x[2], x[3]);
+#pragma unroll
+                for (int j2 = 0; j2 < NS / 2; ++j2) {
+                    unsigned x[4];
+                    ldsm_x4(x, kaddr + (j2 * 16 * QS + kk * 2) * 16);
+                    mma16816(s[2 * j2], a, x[0], x[1]);
+                    mma16816(s[2 * j2 + 1], a, x[2], x[3]);
+                }
 #endif
+            }
+            // -- the online softmax (tile_softmax): s[n][e] is its s[4 n + e]
+            float alpha[2];
+#if MASK
+            tile_softmax<NS>(&s[0][0], n0, S, wr0, g, t, sl2, m_r, l_r, alpha, mk, mrow, smc);
+#else
+            tile_softmax<NS, unsigned char>(&s[0][0], n0, S, wr0, g, t, sl2, m_r, l_r, alpha, nullptr, nullptr, 0);
+#endif
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                if (alpha[hh] != 1.0f) {
+#pragma unroll
+                    for (int n = 0; n < NO; ++n) {
+                        acc[n][2 * hh] *= alpha[hh];
+                        acc[n][2 * hh + 1] *= alpha[hh];
                     }
                 }
-                // -- the online softmax (tile_softmax): s[n][e] is its s[4 n + e]
-                float alpha[2];
-#if MASK
-                tile_softmax<NS>(&s[0][0], n0, S, wr0, g, t, sl2, m_r, l_r, alpha, mk, mrow, smc);
-#else
-                tile_softmax<NS, unsigned char>(&s[0][0], n0, S, wr0, g, t, sl2, m_r, l_r, alpha, nullptr, nullptr, 0);
-#endif
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-                    if (alpha[hh] != 1.0f) {
-#pragma unroll
-                        for (int n = 0; n < NO; ++n) {
-                            acc[n][2 * hh] *= alpha[hh];
-                            acc[n][2 * hh + 1] *= alpha[hh];
-                        }
-                    }
-            }
-            cp_async_wait<2>();  // v[j] has landed
-            __syncthreads();     // ... for every thread; and every warp is done with k[j]
-            if (active) {
-                // -- O += P v
+        }
+        cp_async_wait<2>();  // v[j] has landed
+        __syncthreads();     // ... for every thread; and every warp is done with k[j]
+        if (active) {
+            // -- O += P v
 #if DTYPE == 0
-                // Per n8 tile of the output, the tile of keys is summed in a zeroed accumulator and
-                // then added to the output with one rounded FADD: the tensor cores truncate as they
-                // accumulate, a bias that over S = 32768 keys reached 2e-4 when every product went
-                // straight into the output; per tile of keys it stays under 1e-6.
-                unsigned ph[NS][4], pl[NS][4];  // P = ph + pl as A fragments: keys 2t and 2t+1 of each step
+            // Per n8 tile of the output, the tile of keys is summed in a zeroed accumulator and
+            // then added to the output with one rounded FADD: the tensor cores truncate as they
+            // accumulate, a bias that over S = 32768 keys reached 2e-4 when every product went
+            // straight into the output; per tile of keys it stays under 1e-6.
+            unsigned ph[NS][4], pl[NS][4];  // P = ph + pl as A fragments: keys 2t and 2t+1 of each step
+#pragma unroll
+            for (int kk = 0; kk < NS; ++kk) {
+                split(__float_as_uint(s[kk][0]), ph[kk][0], pl[kk][0]);
+                split(__float_as_uint(s[kk][2]), ph[kk][1], pl[kk][1]);
+                split(__float_as_uint(s[kk][1]), ph[kk][2], pl[kk][2]);
+                split(__float_as_uint(s[kk][3]), ph[kk][3], pl[kk][3]);
+            }
+            // row 2 t, column g of the stage (bytes); 8 keys per step, in the order 0 2 4 6 1 3 5 7
+            const unsigned vaddr = sVa + ((j & 1) * BN * VS + 2 * t * VS) * 16 + g * 4;
+            // F32_G output tiles at a time: each product issued over the group, so that
+            // F32_G independent accumulators lie between two dependent products
+#pragma unroll
+            for (int n0 = 0; n0 < NO; n0 += F32_G) {
+                float part[F32_G][4];
+#pragma unroll
+                for (int gi = 0; gi < F32_G; ++gi)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) part[gi][e] = 0.0f;
 #pragma unroll
                 for (int kk = 0; kk < NS; ++kk) {
-                    split(__float_as_uint(s[kk][0]), ph[kk][0], pl[kk][0]);
-                    split(__float_as_uint(s[kk][2]), ph[kk][1], pl[kk][1]);
-                    split(__float_as_uint(s[kk][1]), ph[kk][2], pl[kk][2]);
-                    split(__float_as_uint(s[kk][3]), ph[kk][3], pl[kk][3]);
-                }
-                // row 2 t, column g of the stage (bytes); 8 keys per step, in the order 0 2 4 6 1 3 5 7
-                const unsigned vaddr = sVa + ((j & 1) * BN * VS + 2 * t * VS) * 16 + g * 4;
+                    unsigned vh[F32_G][2], vl[F32_G][2];
 #pragma unroll
-                for (int n = 0; n < NO; ++n) {
-                    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int kk = 0; kk < NS; ++kk) {
-                        const unsigned vr = vaddr + kk * 8 * (VS * 16) + n * 32;
-                        mma3(part, ph[kk], pl[kk], lds32(vr), lds32(vr + VS * 16));
+                    for (int gi = 0; gi < F32_G; ++gi) {
+                        const unsigned vr = vaddr + kk * 8 * (VS * 16) + (n0 + gi) * 32;
+                        split(lds32(vr), vh[gi][0], vl[gi][0]);
+                        split(lds32(vr + VS * 16), vh[gi][1], vl[gi][1]);
                     }
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[n][e] += part[e];
-                }
-#else
-                const unsigned vaddr = sVa + (((j & 1) * BN + (quad & 1) * 8 + l8) * VS + (quad >> 1)) * 16;
+                    for (int gi = 0; gi < F32_G; ++gi) mma_tf32(part[gi], pl[kk], vh[gi][0], vh[gi][1]);
 #pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk) {
-                    const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                                           pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                           pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                    for (int gi = 0; gi < F32_G; ++gi) mma_tf32(part[gi], ph[kk], vl[gi][0], vl[gi][1]);
 #pragma unroll
-                    for (int j2 = 0; j2 < NO / 2; ++j2) {
-                        unsigned x[4];
-                        ldsm_x4_t(x, vaddr + (kk * 16 * VS + j2 * 2) * 16);
-                        mma16816(acc[2 * j2], a, x[0], x[1]);
-                        mma16816(acc[2 * j2 + 1], a, x[2], x[3]);
-                    }
+                    for (int gi = 0; gi < F32_G; ++gi) mma_tf32(part[gi], ph[kk], vh[gi][0], vh[gi][1]);
                 }
-#endif
+#pragma unroll
+                for (int gi = 0; gi < F32_G; ++gi)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[n0 + gi][e] += part[gi][e];
             }
+#else
+            const unsigned vaddr = sVa + (((j & 1) * BN + (quad & 1) * 8 + l8) * VS + (quad >> 1)) * 16;
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+                                       pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                       pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int j2 = 0; j2 < NO / 2; ++j2) {
+                    unsigned x[4];
+                    ldsm_x4_t(x, vaddr + (kk * 16 * VS + j2 * 2) * 16);
+                    mma16816(acc[2 * j2], a, x[0], x[1]);
+                    mma16816(acc[2 * j2 + 1], a, x[2], x[3]);
+                }
+            }
+#endif
         }
-        cp_async_wait<0>();
-        __syncthreads();  // every warp is done with the q tile: its rows stage the output
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the q tile: its rows stage the output
 
-        // -- epilogue: divide by l (0 when every key was masked), stage, 16-byte stores
-        float inv[2];
+    // -- epilogue: divide by l (0 when every key was masked), stage, 16-byte stores
+    float inv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float l = l_r[hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[hh] = l == 0.0f ? 0.0f : 1.0f / l;
+    }
+    T* st = reinterpret_cast<T*>(sQ + warp * 16 * OS);  // the warp's 16 rows, OS * CE elements apart
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            float l = l_r[hh];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv[hh] = l == 0.0f ? 0.0f : 1.0f / l;
-        }
-        T* st = reinterpret_cast<T*>(sQ + warp * 16 * OS);  // the warp's 16 rows, OS * CE elements apart
-#pragma unroll
-        for (int n = 0; n < NO; ++n)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                T* d = st + (g + hh * 8) * (OS * CE) + n * 8 + 2 * t;
+            T* d = st + (g + hh * 8) * (OS * CE) + n * 8 + 2 * t;
 #if DTYPE == 0
-                *reinterpret_cast<float2*>(d) = make_float2(acc[n][2 * hh] * inv[hh], acc[n][2 * hh + 1] * inv[hh]);
+            *reinterpret_cast<float2*>(d) = make_float2(acc[n][2 * hh] * inv[hh], acc[n][2 * hh + 1] * inv[hh]);
 #else
-                *reinterpret_cast<unsigned*>(d) = pack2(acc[n][2 * hh] * inv[hh], acc[n][2 * hh + 1] * inv[hh]);
+            *reinterpret_cast<unsigned*>(d) = pack2(acc[n][2 * hh] * inv[hh], acc[n][2 * hh + 1] * inv[hh]);
 #endif
-            }
-        __syncwarp();
-        const int Ev = p.Ev;
-        const bool vec_out = Ev % CE == 0;  // rows start 16-byte aligned
-        T* out = O + ((i64)bh * L + wr0) * Ev;
-        for (int idx = lane; idx < 16 * DVC; idx += 32) {
-            const int row = idx / DVC, c = idx - row * DVC;
-            if (wr0 + row >= L || c * CE >= Ev) continue;
-            const T* src = st + row * (OS * CE) + c * CE;
-            T* dst = out + (i64)row * Ev + c * CE;
-            if (vec_out) {
-                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-            } else {
-#pragma unroll
-                for (int e = 0; e < CE; ++e)
-                    if (c * CE + e < Ev) dst[e] = src[e];
-            }
         }
-        __syncthreads();  // the next (batch, head) reloads the q tile
+    __syncwarp();
+    const int Ev = p.Ev;
+    const bool vec_out = Ev % CE == 0;  // rows start 16-byte aligned
+    T* out = O + ((i64)bh * L + wr0) * Ev;
+    for (int idx = lane; idx < 16 * DVC; idx += 32) {
+        const int row = idx / DVC, c = idx - row * DVC;
+        if (wr0 + row >= L || c * CE >= Ev) continue;
+        const T* src = st + row * (OS * CE) + c * CE;
+        T* dst = out + (i64)row * Ev + c * CE;
+        if (vec_out) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+#pragma unroll
+            for (int e = 0; e < CE; ++e)
+                if (c * CE + e < Ev) dst[e] = src[e];
+        }
     }
 }
 
@@ -827,7 +873,7 @@ __device__ __forceinline__ void load_swizzled(unsigned s, const bits16* g, i64 s
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
 attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bits16* __restrict__ V,
-           const void* __restrict__ M, bits16* __restrict__ O, const AttnParams p) {
+           const void* __restrict__ M, bits16* __restrict__ O, unsigned* __restrict__ next_item, const AttnParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // descriptors address 1024-byte swizzle atoms: align the tiles by hand
@@ -839,8 +885,12 @@ attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bit
 #define K_EMPTY(st) (bars + 32 + 8 * (st))
 #define V_FULL(st) (bars + 48 + 8 * (st))
 #define V_EMPTY(st) (bars + 64 + 8 * (st))
+    // the work items' order: the producer takes each from the counter and hands it to the
+    // consumers in slot qi & 1 (two words after the barrier item_full, one arrival per item)
+    const unsigned item_full = bars + 80, slots = bars + 88;
     const int tid = threadIdx.x;
     if (tid == 0) {
+        mbar_init(item_full, 1);
         mbar_init(q_full, PT);
         mbar_init(q_empty, NWG * 4);  // one arrive per consumer warp
 #pragma unroll
@@ -854,18 +904,13 @@ attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bit
     __syncthreads();
     const int L = p.L, S = p.S;
     const int n_mb = (L + BM - 1) / BM, BH = p.B * p.H;
-    // heads in groups whose k and v fit half the L2 (50 MiB), m-blocks within a group (heaviest,
-    // causal, first) and heads within an m-block: the blocks running at once share k and v
-    const int HG = max(1, min(BH, (int)((25ll << 20) / max(1ll, (i64)S * (p.E + p.Ev) * 2))));
-    const i64 items = (i64)n_mb * BH;
-    // work item w: its (batch x head, first row, key tiles)
-    auto item = [&](i64 w, int& bh, int& m0, int& nt) {
-        const i64 per_group = (i64)n_mb * HG;
-        const int grp = (int)(w / per_group), hg = min(HG, BH - grp * HG);
-        const i64 wi = w - grp * per_group;
-        const int mi = (int)(wi / hg);
-        bh = grp * HG + (int)(wi - (i64)mi * hg);
-        m0 = (CAUSAL ? n_mb - 1 - mi : mi) * BM;
+    const int HG = head_group(BH, S, p.E + p.Ev, 2);
+    const unsigned items = (unsigned)n_mb * BH;
+    // work item w (work_item): its batch x head, first row and key tiles
+    auto item = [&](unsigned w, int& bh, int& m0, int& nt) {
+        int mb;
+        work_item(w, n_mb, BH, HG, bh, mb);
+        m0 = mb * BM;
         nt = ((CAUSAL ? min(S, m0 + BM) : S) + BN - 1) / BN;
     };
 
@@ -874,16 +919,33 @@ attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bit
 #if NWG == 2
         setmaxnreg_dec<40>();
 #endif
+        // Items are handed out by a counter (greedy: a block that finishes early takes the next,
+        // heaviest first within a group of heads), not by a fixed stride (causal items differ
+        // in length: a fixed stride left some blocks 20-30% more work than the mean). The
+        // counter's next value is fetched one item ahead; every block's last fetch is past the
+        // end, and the block whose fetch is the very last of the launch sets it back to 0.
+        unsigned nxt = 0;
+        if (tid == 0) nxt = atomicAdd(next_item, 1u);
         int it = 0;  // tiles issued by this block (stage it & 1, its use (it >> 1) & 1 of the stage)
-        int qi = 0;
-        for (i64 w = blockIdx.x; w < items; w += gridDim.x, ++qi) {
+        for (int qi = 0;; ++qi) {
+            mbar_wait(q_empty, (qi & 1) ^ 1);  // the previous item is done with q (and read its slot)
+            if (tid == 0) {
+                st_shared_u32(slots + 4 * (qi & 1), nxt);
+                mbar_arrive(item_full);
+                if (nxt < items)
+                    nxt = atomicAdd(next_item, 1u);
+                else if (nxt == items + gridDim.x - 1)
+                    atomicExch(next_item, 0u);  // every other fetch of this launch came before
+            }
+            named_bar_sync(3, PT);  // the producer's threads read the slot
+            const unsigned w = ld_shared_u32(slots + 4 * (qi & 1));
+            if (w >= items) break;
             int bh, m0, nt;
             item(w, bh, m0, nt);
             const int b = bh / p.H, h = bh - b * p.H;
             const bits16* q = Q + b * p.sq[0] + (h / p.gq) * p.sq[1] + (i64)m0 * p.sq[2];
             const bits16* k = K + b * p.sk[0] + (h / p.gk) * p.sk[1];
             const bits16* v = V + b * p.sv[0] + (h / p.gv) * p.sv[1];
-            mbar_wait(q_empty, (qi & 1) ^ 1);  // the previous (batch, head) is done with q
             load_swizzled<BM, QA>(sQ, q, p.sq[2], L - m0, p.E, tid);
             cp_async_arrive_noinc(q_full);
             for (int j = 0; j < nt; ++j, ++it) {
@@ -981,8 +1043,11 @@ attn_wgmma(const bits16* __restrict__ Q, const bits16* __restrict__ K, const bit
             for (int i = 0; i < 4; ++i) pa[kk][i] = pack2(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
     };
 
-    int it = 0, qi = 0;
-    for (i64 w = blockIdx.x; w < items; w += gridDim.x, ++qi) {
+    int it = 0;
+    for (int qi = 0;; ++qi) {
+        mbar_wait(item_full, qi & 1);
+        const unsigned w = ld_shared_u32(slots + 4 * (qi & 1));
+        if (w >= items) break;
         int bh, m0, nt;
         item(w, bh, m0, nt);
         const int b = bh / p.H, h = bh - b * p.H, wr0 = m0 + cw * 16;  // the warp's first row

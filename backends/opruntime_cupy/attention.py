@@ -6,7 +6,7 @@ Every kernel takes the operands as the operator's contract gives them (the docst
 heads (GQA included) read in place through those strides, never copied or expanded.
 
 * ``flash`` (float16, bfloat16): FlashAttention-2. One block per (tile of BM = 64 or 128 query
-  rows, batch x head), 4 or 8 warps of 16 rows each; q loaded once, k and v tiles of BN keys
+  rows, batch x head), launched in the order of ``work_item`` (below), 4 or 8 warps of 16 rows each; q loaded once, k and v tiles of BN keys
   streamed by cp.async through two shared-memory stages each; S = q k^T and P v with
   ``mma.sync.m16n8k16`` (fp32 accumulation); the online softmax in registers, in base 2 (the
   scale folded with log2 e); causal tiles past a block's last row never loaded, a warp's tiles
@@ -18,7 +18,10 @@ heads (GQA included) read in place through those strides, never copied or expand
   and v with cp.async into mbarrier-guarded stages; one or two consumer warpgroups of 64 query
   rows compute S = q k^T with both operands read by the tensor cores from shared memory (128-byte
   swizzle) and P v with P from registers, the softmax of one key tile overlapping the product of
-  the previous one, and the two warpgroups taking turns at the tensor cores; E and Ev
+  the previous one, and the two warpgroups taking turns at the tensor cores. Persistent blocks
+  (one per SM) take their work items from a counter in ``work_item``'s order: a block that
+  finishes early takes the next (a fixed stride left some blocks 20-30% more causal work than
+  the mean: own / cuDNN at causal S = 1024 E = 128 went from 0.68 to 0.82). E and Ev
   padded to 64, 128 or 256; needs the 16-byte copies (a misaligned base at the call runs
   ``flash``'s element-load build). Why: ``mma.sync`` reaches about 2/3 of an H100's tensor peak,
   wgmma all of it.
@@ -26,7 +29,13 @@ heads (GQA included) read in place through those strides, never copied or expand
   (``a_lo b_hi + a_hi b_lo + a_hi b_hi``): errors of plain fp32 FMAs (not TF32's 1e-3) at tensor
   core speed. E and Ev padded to multiples of 8. Each tile of keys' P v is summed in a zeroed
   accumulator and added to the output with one rounded add: the tensor cores truncate as they
-  accumulate, and straight into the output that bias reached 2.4e-4 over S = 32768 keys.
+  accumulate, and straight into the output that bias reached 2.4e-4 over S = 32768 keys. The
+  three products of a step are issued over several output tiles at a time, so that dependent
+  products of one accumulator do not follow each other (causal 0.91 -> 0.96x torch).
+
+Work items (``attention.cu``'s ``work_item``): heads in equal groups whose k and v fit half the
+L2, the m-blocks of a group heaviest first (causal: the last rows), the group's heads within an
+m-block; blocks running at once share k and v, and the short causal items come last.
 * ``simt`` (float16, bfloat16, float32, float64): the online softmax in plain FMAs in the
   accumulation type (float64 in float64), any E and Ev up to 256: float64's kernel, and the
   fallback of the others.
@@ -43,9 +52,9 @@ needed. The mask is always read element by element through its strides (a bool m
 additive one in the problem's dtype). The output is a new C-contiguous (B, H, L, Ev) array.
 
 Measured on an H100 (B=4 H=16 S=4096 E=128, TFLOP/s, not causal / causal; details beside
-:data:`WGMMA_EFF` and :data:`FLASH_EFF`): ``flash_wgmma`` 490-510 / 411-434 (0.76-0.88x cuDNN
-in the same runs; 0.68-0.92x over the issue's grid), ``flash`` 301 / 229, ``flash_f32`` 45 / 36
-(0.98x torch's float32 causal, 1.05x not causal); cuDNN 645 / 545.
+:data:`WGMMA_EFF` and :data:`FLASH_EFF`): ``flash_wgmma`` 487 / 465 (0.84 / 0.94x cuDNN in the
+same run; 0.76-0.94x over the issue's grid), ``flash`` 301 / 229, ``flash_f32`` (B=4 H=16
+S=2048) 46 / 42 (1.05x torch's float32 causal, 1.0x not causal); cuDNN 576 / 487.
 
 Each kernel's ``prepare(problem, config)`` compiles its variant (NVRTC, cached), packs the
 ``AttnParams`` block once and returns ``launch(q, k, v, mask=None)``; a call allocates the output
@@ -206,8 +215,8 @@ def wgmma_dims(problem: Problem) -> tuple[int, int]:
 
 def wgmma_smem(d: int, dv: int, bm: int, bn: int) -> int:
     """The wgmma kernel's shared memory: 1 KiB to align by hand, the q tile, two stages of k and v,
-    and ten mbarriers."""
-    return 1024 + bm * d * 2 + 2 * bn * d * 2 + 2 * bn * dv * 2 + 80
+    eleven mbarriers and the two words that hand work items to the consumers."""
+    return 1024 + bm * d * 2 + 2 * bn * d * 2 + 2 * bn * dv * 2 + 96
 
 
 def simt_bn(problem: Problem, warps: int) -> tuple[int, int] | None:
@@ -447,9 +456,13 @@ def label(kernel: str, problem: Problem, defines: Mapping[str, int]) -> str:
     return f"{kernel}[{problem.dtype} {' '.join(keys + flags)}]"
 
 
-def _launcher(problem: Problem, build: Callable[[bool], Any], vec: bool, what: str) -> Callable[..., Any]:
+def _launcher(problem: Problem, build: Callable[[bool], Any], vec: bool, what: str,
+              counted: bool = False) -> Callable[..., Any]:
     """``launch(q, k, v, mask=None)`` around ``build(vec) -> FastLaunch``; the element-load build
-    serves bases that are not 16-byte aligned, made when first needed."""
+    serves bases that are not 16-byte aligned, made when first needed. ``counted``: the kernel
+    takes its work items from a counter (a sixth pointer, one per stream: launches queued on two
+    streams may run at once; each launch leaves it at 0 for the next), which a five-pointer build
+    ignores."""
     import cupy
 
     dev = problem.device.provider.index
@@ -457,6 +470,16 @@ def _launcher(problem: Problem, build: Callable[[bool], Any], vec: bool, what: s
     fast = build(vec)
     slow: list[Any] = [None if vec else fast]
     getdev, alloc, oom = cupy.cuda.runtime.getDevice, cupy.empty, cupy.cuda.memory.OutOfMemoryError
+    stream = cupy.cuda.get_current_stream
+    counters: dict[int, Any] = {}
+
+    def counter() -> int:
+        sp = stream().ptr
+        c = counters.get(sp)
+        if c is None:  # CuPy's default pool whatever allocator is current (a graph's must not own it)
+            c = counters[sp] = cupy.get_default_memory_pool().malloc(4)
+            cupy.cuda.runtime.memsetAsync(c.ptr, 0, 4, sp)
+        return c.ptr
 
     def launch(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
         if getdev() != dev:
@@ -472,7 +495,10 @@ def _launcher(problem: Problem, build: Callable[[bool], Any], vec: bool, what: s
             out = alloc(shape, q.dtype)
         except oom:
             out = empty(shape, q.dtype, what)  # retried there, raising OutOfMemoryError with the figures
-        run(qp, kp, vp, mask.data.ptr if mask is not None else 0, out.data.ptr)
+        if counted:
+            run(qp, kp, vp, mask.data.ptr if mask is not None else 0, out.data.ptr, counter())
+        else:
+            run(qp, kp, vp, mask.data.ptr if mask is not None else 0, out.data.ptr)
         return out
 
     return launch
@@ -483,7 +509,7 @@ def _prepare_flash(problem: Problem, config: Mapping[str, Any]) -> Callable[...,
     dev = problem.device.provider.index
     kernel = f"{NAME}.flash_f32" if problem.dtype == "float32" else f"{NAME}.flash"
     params = g.params()
-    grid = (-(-g.L // config["BM"]), min(g.B * g.H, MAX_GRID_Y))
+    grid = (-(-g.L // config["BM"]) * g.B * g.H,)  # one block per work item (attention.cu: work_item)
     d, dv = flash_dims(problem)
     smem = flash_smem(problem.dtype, d, dv, config["BM"], config["BN"])
 
@@ -518,17 +544,17 @@ def _prepare_wgmma(problem: Problem, config: Mapping[str, Any]) -> Callable[...,
             fn = cc.get_function(SOURCE, "attn_flash", defines, dev, kernel=label(f"{NAME}.flash", problem, defines))
             fsmem = flash_smem(problem.dtype, *flash_dims(problem), fallback["BM"], fallback["BN"])
             _opt_in(fn, fsmem, dev)
-            grid = (-(-g.L // fallback["BM"]), min(g.B * g.H, MAX_GRID_Y))
+            grid = (-(-g.L // fallback["BM"]) * g.B * g.H,)
             return cc.FastLaunch(fn, grid, (fallback["WARPS"] * 32,), pointers=5, scalars=[params], shared_mem=fsmem)
         defines = wgmma_defines(problem, config)
         fn = cc.get_function(SOURCE, "attn_wgmma", defines, dev, kernel=label(kernel, problem, defines), arch="90a")
         _opt_in(fn, smem, dev)
-        # persistent: one block per SM takes the (query tile, batch x head) items in turn; a
-        # producer warpgroup and NWG consumer warpgroups each
+        # persistent: one block per SM takes the (query tile, batch x head) items from a counter;
+        # a producer warpgroup and NWG consumer warpgroups each
         grid = (min(-(-g.L // config["BM"]) * g.B * g.H, problem.device.provider.sm_count), 1)
-        return cc.FastLaunch(fn, grid, ((config["NWG"] + 1) * 128,), pointers=5, scalars=[params], shared_mem=smem)
+        return cc.FastLaunch(fn, grid, ((config["NWG"] + 1) * 128,), pointers=6, scalars=[params], shared_mem=smem)
 
-    return _launcher(problem, build, True, kernel)
+    return _launcher(problem, build, True, kernel, counted=True)
 
 
 def simt_defines(problem: Problem, config: Mapping[str, Any]) -> dict[str, int]:

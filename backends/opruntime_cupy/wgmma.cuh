@@ -42,6 +42,15 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, int parity) {
         "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra wait_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+// a word of shared memory at a shared address (ordered with the barriers around it)
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
 // one arrival on bar once every cp.async this thread issued so far has landed (counted in init)
 __device__ __forceinline__ void cp_async_arrive_noinc(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
