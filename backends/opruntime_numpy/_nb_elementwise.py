@@ -431,17 +431,34 @@ def act_row(y, b, code):
             y[j] = silu(y[j] + b)
 
 
+@njit(**OPTIONS)
+def bias_act_row(y, bias, code):
+    """In place on the 1-D ``y`` (n,): ``y = act(code, y + bias)`` with ``bias`` (n,) (size 0:
+    none, then ``act(code, y + 0)``), one vectorized loop: a GEMM's epilogue on a row in cache."""
+    n = y.shape[0]
+    if bias.shape[0] == 0:
+        if code != 0:
+            act_row(y, y.dtype.type(0.0), code)
+    elif code == 0:
+        for j in range(n):
+            y[j] = y[j] + bias[j]
+    elif code == 2:
+        for j in range(n):
+            y[j] = relu(y[j] + bias[j])
+    elif code == 3:
+        for j in range(n):
+            y[j] = gelu(y[j] + bias[j])
+    elif code == 4:
+        for j in range(n):
+            y[j] = gelu_tanh(y[j] + bias[j])
+    else:
+        for j in range(n):
+            y[j] = silu(y[j] + bias[j])
+
+
 @njit(parallel=True, **OPTIONS)
 def bias_act_rows(y, bias, code):
     """In place on the 2-D ``y`` (rows, n): ``y = act(code, y + bias)`` with ``bias`` (n,) per
-    column (size 0: none): a GEMM's epilogue, rows in parallel, each row in cache."""
-    rows, n = y.shape
-    has_bias = bias.shape[0] > 0
-    zero = y.dtype.type(0.0)
-    for r in prange(rows):
-        yr = y[r]
-        if has_bias:
-            for j in range(n):
-                yr[j] = yr[j] + bias[j]
-        if code != 0:
-            act_row(yr, zero, code)
+    column (size 0: none): a GEMM's epilogue, rows in parallel (:func:`bias_act_row`)."""
+    for r in prange(y.shape[0]):
+        bias_act_row(y[r], bias, code)

@@ -2,10 +2,10 @@
 activation applied in place (``epilogue.activate``), per block of rows, so that the epilogue runs
 over a block while it is still in cache. float16 is computed in float32.
 
-With numba (:mod:`.jit`), ``numpy.linear.numba`` is the same GEMM (one call: BLAS spreads it over
-the cores) followed by one parallel pass of bias and activation with the vectorized exp / erfc
-of :mod:`._nb_math` (NumPy's activations call libm per element: gelu's erfc costs more than a
-1024-wide GEMM's share of the work).
+With numba (:mod:`.jit`), ``numpy.linear.numba`` runs the GEMM in blocks of rows on numba's
+threads, each block one BLAS call in its thread followed by the bias and activation over the
+block while it is in cache, with the vectorized exp / erf of :mod:`._nb_math`
+(:func:`._nb_gemm.linear_rows`; NumPy's activations call libm per element).
 
 Both compute a product of few rows (a classifier's batch of features) as ``(w @ x.T).T``
 (:func:`skinny`), split over two threads when the weights are large."""
@@ -132,9 +132,10 @@ def cost(problem: Problem, config: Any) -> float:
     return roofline(2.0 * m * n * k, nbytes, CPU_FLOPS, CPU_BYTES, 2e-6) + _epilogue_s(problem)
 
 
-#: from this many multiply-adds, the numba kernel's bias goes in through the GEMM's beta
-#: (scipy's BLAS, C = bias rows): measured 4 % off an 8192 x 768 x 2304 linear (about the bias pass)
-BETA_GEMM_FLOPS = 1 << 24
+#: ``numpy.linear.numba``'s configs: tasks (blocks of rows, each one BLAS call and its epilogue)
+#: per thread; the first is the heuristic's. Few large tasks: each BLAS call packs the whole
+#: weight matrix (1024^3 with gelu in 2 tasks 5.7 ms, 8 tasks 6.9)
+NUMBA_CONFIGS = ({"tasks_per_thread": 1}, {"tasks_per_thread": 4})
 
 
 def _split_groups(problem: Problem) -> int:
@@ -173,48 +174,63 @@ def _rows_on_numba(x: np.ndarray, w: np.ndarray, b: np.ndarray, code: int, group
     return out
 
 
+def _gemm_tasks(problem: Problem, config: Any) -> tuple[int, int]:
+    """(rows per task, tasks) of ``numpy.linear.numba``'s GEMM: ``tasks_per_thread`` (config)
+    blocks of rows a thread, one task (run in the calling thread) for products in the one-thread
+    range (:data:`ONE_THREAD_FLOPS`) or where BLAS cannot be held to one thread."""
+    from . import _blas
+
+    m, k = problem.shapes[0]
+    n = problem.shapes[1][0]
+    per = (config or NUMBA_CONFIGS[0])["tasks_per_thread"]
+    if 2.0 * m * n * k < ONE_THREAD_FLOPS or not _blas.controllable() or jit.threads() < 2:
+        return max(1, m), 1
+    rows = max(1, -(-m // (jit.threads() * per)))
+    return rows, -(-m // rows)
+
+
 def prepare_numba(problem: Problem, config: Any) -> Any:
-    """The launcher of ``numpy.linear.numba``: one GEMM into the output (for large problems with
-    a bias, the output filled with the bias rows and the GEMM accumulating into it), then the
-    activation (and the bias, otherwise) in one parallel pass."""
+    """The launcher of ``numpy.linear.numba``: blocks of rows on numba's threads, each one BLAS
+    call in its thread (BLAS held to one thread) followed by the bias and activation over the
+    block while it is in cache (:func:`._nb_gemm.linear_rows`): one pool of threads for the GEMM
+    and its epilogue (BLAS's own threads and numba's, taking turns on the cores, slowed each
+    other: see :mod:`._nb_gemm`). A few rows with large weights: :func:`skinny` /
+    :func:`_rows_on_numba`."""
+    from . import _blas
+
     nb = jit.loops("_nb_elementwise")
     code = nb.CODES[problem.attrs["activation"]]
     dt = compute_dtype(problem.dtype)
     m, n = problem.out_shape
-
-    k = problem.shapes[0][1]
     few_rows = is_skinny(problem)
     groups = _split_groups(problem) if few_rows else 0
-    gemm = None
-    if problem.attrs["bias"] and m * n * k >= BETA_GEMM_FLOPS:
-        from scipy.linalg import blas
-
-        gemm = blas.dgemm if dt == np.float64 else blas.sgemm
+    rows, tasks = _gemm_tasks(problem, config)
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         x, w = x.astype(dt, copy=False), w.astype(dt, copy=False)
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
-        if gemm is not None and m and n:
-            # the bias rows first, then C = x @ w.T + C (beta 1): the GEMM reads C as it writes
-            # it, where a separate pass would read and write the whole output again. In Fortran
-            # order out.T (n, m) = w (n, k) @ x.T (k, m): no copy of any C-contiguous operand.
-            out = np.empty((m, n), dt)
-            out[...] = b
-            out = gemm(1.0, w.T, x.T, beta=1.0, c=out.T, trans_a=1, overwrite_c=1).T
-            if code:
-                jit.call(nb.bias_act_rows, out, b[:0], code)
-            return out.astype(problem.dtype, copy=False)
         if groups:
             return _rows_on_numba(x, w, b, code, groups).astype(problem.dtype, copy=False)
         if few_rows:
             out = np.empty((m, n), dt)
             skinny(x, w, out)
-        else:
-            with _threads(problem):
-                out = np.matmul(x, w.T, out=np.empty((m, n), dt))
-        if code or b.size:
-            jit.call(nb.bias_act_rows, out, b, code)
+            if code or b.size:
+                jit.call(nb.bias_act_rows, out, b, code)
+            return out.astype(problem.dtype, copy=False)
+        nbg = jit.loops("_nb_gemm")
+        out = np.empty((m, n), dt)
+        if not out.size:
+            return out.astype(problem.dtype, copy=False)
+        x = np.ascontiguousarray(x)
+        w_kn = not w.flags.c_contiguous and w.T.flags.c_contiguous  # a transposed view: its base
+        w = w.T if w_kn else np.ascontiguousarray(w)
+        args = (x, w, w_kn, b, out, rows, code)
+        with _blas.one_thread():
+            if tasks == 1:
+                jit.call(nbg.linear_rows, *args, 0, 1)
+            else:
+                jit.run_dynamic(nbg.par_linear, jit.task(nbg.linear_rows, *args), *args, tasks, tasks)
         return out.astype(problem.dtype, copy=False)
 
     return jit.first_use("numpy.linear.numba", launch)
@@ -239,5 +255,6 @@ def kernels() -> list[Kernel]:
     out = [Kernel("linear", "numpy.linear.blas", "cpu", FLOATS, run, cost=cost, configs=CONFIGS)]
     if jit.available():
         out.append(Kernel("linear", "numpy.linear.numba", "cpu", FLOATS, prepare=prepare_numba, cost=numba_cost,
-                          source=jit.source("_nb_elementwise", "_nb_conv"), notes=jit.notes("numpy.linear.numba")))
+                          configs=NUMBA_CONFIGS, source=jit.source("_nb_elementwise", "_nb_conv", "_nb_gemm"),
+                          notes=jit.notes("numpy.linear.numba")))
     return out

@@ -30,7 +30,7 @@ NUMBA_KERNELS = [
     "numpy.conv2d.numba_depthwise", "numpy.conv2d.numba_direct", "numpy.conv2d.numba_im2col", "numpy.conv2d.numba_gemm",
     "numpy.conv2d.numba_batch", "numpy.conv2d.numba_winograd",
     "numpy.max_pool2d.numba", "numpy.avg_pool2d.numba",
-    "numpy.scaled_dot_product_attention.numba", "numpy.linear.numba",
+    "numpy.scaled_dot_product_attention.numba", "numpy.linear.numba", "numpy.matmul.numba",
     "numpy.sum.numba", "numpy.mean.numba", "numpy.amax.numba", "numpy.batch_norm.numba",
     "numpy.adaptive_avg_pool2d.numba",
 ]

@@ -165,14 +165,14 @@ def _ln(x, n, activation=None, views=()) -> Case:
 
 LINEAR = cases(
     "linear",
-    _ln((517, 150), 263),  # 20 M multiply-adds: the bias through the GEMM's beta
+    _ln((517, 150), 263),  # 20 M multiply-adds: blocks of rows on the threads, the bias per block
     _ln((3, 171, 150), 263, "gelu_tanh"),
     _ln((520, 149), 261, "relu", views=("slice", "T")),
     _ln((300, 300), 300, "silu", views=("T", None)),
 )
 
 
-def test_linear_bias_through_beta():
+def test_linear_row_blocks_on_threads():
     clean(check_kernel(registry().kernels["numpy.linear.numba"], CPU, cases=LINEAR))
 
 
