@@ -30,6 +30,9 @@ conformance suite checks. So instead:
   (the read for ownership), a third of a binary operator's traffic. LLVM's loop vectorizer keeps
   no non-temporal store it cannot prove aligned, hence intrinsics on whole vectors; the caller
   (:func:`._nb_elementwise._streamed`) does the unaligned head and the tail in scalars.
+* :func:`prefetch_read` / :func:`prefetch_write` ask for one line ahead of its use
+  (``prefetcht0`` / ``prefetchw``): the row kernels fetch the next row (and its output row, for
+  ownership) while they compute on the current one in L1, so memory and arithmetic overlap.
 """
 
 from __future__ import annotations
@@ -134,6 +137,39 @@ stream_mul = _streaming("stream_mul", lambda b, x, y: b.fmul(x, y))
 stream_div = _streaming("stream_div", lambda b, x, y: b.fdiv(x, y))
 stream_neg = _streaming("stream_neg", lambda b, x, y: b.fneg(x), unary=True)
 stream_copy = _streaming("stream_copy", lambda b, x, y: x, unary=True)
+
+
+def _prefetching(name: str, write: int):
+    """An intrinsic ``name(a, i)``: ``llvm.prefetch`` of the cache line holding element ``i`` of the
+    1-D array ``a`` (any stride) into L1 (``prefetcht0``; ``write``: ``prefetchw``, the line fetched
+    for ownership, so that the store that follows does not wait for its read). A hint: it never
+    faults, whatever the address."""
+
+    def impl(typingctx, a, i):
+        if not isinstance(a, types.Array) or a.ndim != 1:
+            return None
+        sig = types.void(a, types.intp)
+
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+            i8p = ir.PointerType(ir.IntType(8))
+            i32 = ir.IntType(32)
+            fn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
+                                                  ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+            builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, write), ir.Constant(i32, 3),
+                              ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
+prefetch_read = _prefetching("prefetch_read", 0)
+prefetch_write = _prefetching("prefetch_write", 1)
 
 
 def _binary_intrinsic(name: str):

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 from numba.extending import overload
 
-from ._nb_math import exp32_fast, exp64, maxnum, radd
+from ._nb_math import exp32_fast, exp64, maxnum, prefetch_read, prefetch_write, radd
 from .jit import wrapper_options
 
 #: no fastmath (NaN and inf keep their IEEE meaning); IEEE division (x / 0 is inf or NaN, never an exception)
@@ -50,7 +50,7 @@ CHUNK_ROWS = 32
 def _stats(x, block):
     """(max, sum of exp(x - max)) of the 1-D ``x``: one online pass over blocks of ``block``
     (a block's max, then its exps against the running max, the running sum rescaled when the
-    max grows). NaN and infinities as in :func:`_row`."""
+    max grows). NaN and infinities as in :func:`_row_in_cache`."""
     ninf = x.dtype.type(-np.inf)
     zero = x.dtype.type(0.0)
     big_m = ninf
@@ -82,46 +82,72 @@ def _stats(x, block):
     return big_m, big_s
 
 
+#: bytes of a cache line: the prefetches' step
+LINE = 64
+
+
+@njit(inline="always", error_model="numpy")
+def _fetch_ahead(xn, on, j0, j1):
+    """Prefetch the lines of elements ``j0:j1`` of the next row ``xn`` (unit stride) and, for
+    ownership, of its output row ``on``."""
+    for k in range(j0, min(j1, xn.shape[0]), LINE // xn.itemsize):
+        prefetch_read(xn, k)
+        prefetch_write(on, k)
+
+
 @njit(error_model="numpy")
-def _row(x, out, log, block):
-    """One row: in cache (up to ``block`` elements) three passes (max; exp into ``out`` and sum;
-    scale), else an online pass over blocks (running max and rescaled sum, each element's exp
-    once) and an output pass. NaN, +inf and rows of -inf give what the float64 reference gives."""
+def _row_in_cache(x, out, log, xn, on, ahead):
+    """One row in cache (L1 or L2), three passes: its max; the sum of its exps (softmax: kept in
+    ``out``); the output, ``(x - max) - log(sum)`` or ``out / sum``. NaN, +inf and rows of -inf
+    give what the float64 reference gives.
+
+    ``ahead``: the next row ``xn`` (unit stride) and its output row ``on`` are prefetched during
+    the exp pass, a piece per CHUNK, so that the next row's reads (and its output lines' reads for
+    ownership) overlap this row's arithmetic instead of following it: 4096 x 1024 float32 after a
+    cache-evicting copy 1.77 -> 1.06 ms (log_softmax; 0.88 -> 0.72 in cache), 256 x 32768 3.3 ->
+    2.8 ms; with the input row alone prefetched, 1.50 ms. The log_softmax output is made from
+    ``x`` (no ``x - max`` kept in ``out`` by the exp pass: 1.17 -> 1.11 ms after the copy)."""
     n = x.shape[0]
-    if n <= block:
-        m = x[0]
+    m = x[0]
+    for j in range(n):
+        m = maxnum(m, x[j])
+    s = 0.0  # float32 sums of CHUNK elements, added in float64
+    zero = x.dtype.type(0.0)
+    if log:
+        for j0 in range(0, n, CHUNK):
+            if ahead:
+                _fetch_ahead(xn, on, j0, j0 + CHUNK)
+            xc = x[j0:min(n, j0 + CHUNK)]
+            sc = zero
+            for j in range(xc.shape[0]):
+                sc = radd(sc, fexp(xc[j] - m))
+            s += sc
+        ls = x.dtype.type(math.log(s))
         for j in range(n):
-            m = maxnum(m, x[j])
-        s = 0.0  # float32 sums of CHUNK elements, added in float64
-        zero = x.dtype.type(0.0)
-        if log:
-            for j0 in range(0, n, CHUNK):
-                xc = x[j0:min(n, j0 + CHUNK)]
-                oc = out[j0:min(n, j0 + CHUNK)]
-                sc = zero
-                for j in range(xc.shape[0]):  # x - m kept in out (the last pass then reads one array: 5% faster)
-                    d = xc[j] - m
-                    oc[j] = d
-                    sc = radd(sc, fexp(d))
-                s += sc
-            ls = x.dtype.type(math.log(s))
-            for j in range(n):
-                out[j] = out[j] - ls  # (x - m) - ls, not x - (m + ls): m may absorb ls (huge values)
-        else:
-            for j0 in range(0, n, CHUNK):
-                xc = x[j0:min(n, j0 + CHUNK)]
-                oc = out[j0:min(n, j0 + CHUNK)]
-                sc = zero
-                for j in range(xc.shape[0]):
-                    p = fexp(xc[j] - m)
-                    oc[j] = p
-                    sc = radd(sc, p)
-                s += sc
-            inv = x.dtype.type(1.0 / s)
-            for j in range(n):
-                out[j] = out[j] * inv
-        return
-    big_m, big_s = _stats(x, block)  # the online pass over blocks
+            out[j] = (x[j] - m) - ls  # not x - (m + ls): m may absorb ls (huge values)
+    else:
+        for j0 in range(0, n, CHUNK):
+            if ahead:
+                _fetch_ahead(xn, on, j0, j0 + CHUNK)
+            xc = x[j0:min(n, j0 + CHUNK)]
+            oc = out[j0:min(n, j0 + CHUNK)]
+            sc = zero
+            for j in range(xc.shape[0]):
+                p = fexp(xc[j] - m)
+                oc[j] = p
+                sc = radd(sc, p)
+            s += sc
+        inv = x.dtype.type(1.0 / s)
+        for j in range(n):
+            out[j] = out[j] * inv
+
+
+@njit(error_model="numpy")
+def _row_online(x, out, log, block):
+    """A row longer than ``block``: an online pass over blocks (running max and rescaled sum, each
+    element's exp once, :func:`_stats`) and an output pass."""
+    n = x.shape[0]
+    big_m, big_s = _stats(x, block)
     if log:
         ls = x.dtype.type(math.log(big_s))
         for j in range(n):
@@ -133,10 +159,23 @@ def _row(x, out, log, block):
 
 
 @njit(parallel=True, **OPTIONS)
-def softmax_rows(x, out, log, block):
-    """softmax (``log``: log_softmax) of each row of the 2-D ``x`` into ``out``."""
+def softmax_rows(x, out, log):
+    """softmax (``log``: log_softmax) of each row of the 2-D ``x`` into ``out``, each row in cache
+    (:func:`_row_in_cache`), the next row prefetched during each row's arithmetic where rows have
+    unit stride. (Rows longer than the cache: :func:`softmax_long_rows`, compiled apart: the first
+    use of softmax took 2.0 s with both paths in one loop, the target is 2.)"""
+    rows = x.shape[0]
+    ahead = x.strides[1] == x.itemsize and out.strides[1] == out.itemsize
+    for r in prange(rows):
+        rn = min(rows - 1, r + 1)
+        _row_in_cache(x[r], out[r], log, x[rn], out[rn], ahead)
+
+
+@njit(parallel=True, **OPTIONS)
+def softmax_long_rows(x, out, log, block):
+    """:func:`softmax_rows` for rows longer than ``block`` (:func:`_row_online`)."""
     for r in prange(x.shape[0]):
-        _row(x[r], out[r], log, block)
+        _row_online(x[r], out[r], log, block)
 
 
 @njit(parallel=True, **OPTIONS)

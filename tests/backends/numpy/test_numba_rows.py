@@ -175,3 +175,32 @@ def test_numba_softmax_sums_of_many_small_terms_stay_accurate(op, layout):
         got = np.asarray(getattr(opr, op)(x, axis=axis), np.float64)
     ref = opr.ops.OPS[op].reference(x.astype(np.float64), axis=axis)
     assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 2e-6
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("layout", ["contiguous", "padded rows", "every other row", "one row", "float64"])
+@pytest.mark.parametrize("n", [1, 7, 1023, 4099])
+def test_numba_softmax_rows_with_the_next_row_prefetched(op, layout, n):
+    """Rows in cache, the next row (and its output row) prefetched during each row: rows of unit
+    stride whose rows are apart (a slice of wider rows, every other row), lengths that end inside
+    a cache line, the last row (nothing after it), float64; specials in the first and last rows."""
+    rng = np.random.default_rng(9)
+    rows = 1 if layout == "one row" else 67
+    dtype = np.float64 if layout == "float64" else np.float32
+    base = (rng.standard_normal((2 * rows, n + 5)) * 4).astype(dtype)
+    x = {"padded rows": base[:rows, 3:3 + n], "every other row": base[::2, :n]}.get(layout, base[:rows, :n])
+    x = x if layout in ("padded rows", "every other row") else np.ascontiguousarray(x)
+    x[-1, n // 2] = np.nan
+    if rows > 1:
+        x[0, :] = -np.inf
+        x[1, n - 1] = np.inf
+        x[2, : n - 1] = -np.inf
+        x[-2] *= 1e37
+    assert x.strides[1] == x.itemsize and (layout in ("contiguous", "one row", "float64")) == x.flags.c_contiguous
+    with _pinned(op):
+        got = np.asarray(getattr(opr, op)(x, axis=-1), np.float64)
+    ref = opr.ops.OPS[op].reference(x.astype(np.float64), axis=-1)
+    fin = np.isfinite(ref)
+    assert np.array_equal(got[~fin], ref[~fin], equal_nan=True)
+    assert fin[3:-1].all()  # the rows of plain values are compared below
+    assert np.linalg.norm(got[fin] - ref[fin]) <= 1e-5 * np.linalg.norm(ref[fin])  # n = 1: log_softmax is exactly 0
