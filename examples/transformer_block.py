@@ -6,9 +6,10 @@ linear layer with a tanh-approximated GELU fused into it (``activation="gelu_tan
 layer back. ``Block`` is the same structure in ``torch.nn`` (nanoGPT's names: ``ln_1``,
 ``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``); :class:`OprBlock`
 takes its weights (``.detach().numpy()``, uploaded once) and computes the same function with
-``opr.layer_norm``, ``opr.linear``, ``opr.scaled_dot_product_attention``, ``opr.add`` and Tensor
-views (``reshape``, ``permute``, indexing) for the heads: nine operator calls, the attention one
-fused kernel (no S x S score buffer).
+``opr.layer_norm``, ``opr.linear``, ``opr.scaled_dot_product_attention`` and Tensor views
+(``reshape``, ``permute``, indexing) for the heads: seven operator calls, the attention one fused
+kernel (no S x S score buffer), each residual added in the epilogue of the linear before it
+(``opr.linear(..., residual=x)``: ``x + linear(...)`` without a pass of its own).
 
 ``main()`` runs the block on every device present (or those named by ``--device``) in float32,
 and in float16 on accelerators, and compares with PyTorch float32 on the CPU on the same input:
@@ -118,18 +119,19 @@ class OprBlock:
         """The block on x of shape (B, S, d_model), a Tensor on the block's device."""
         b, s, d = x.shape
         h = opr.layer_norm(x, (d,), *self.ln_1, eps=self.eps[0])
-        x = opr.add(x, self.self_attention(h))
+        x = self.self_attention(h, residual=x)  # x + attn(ln_1(x))
         h = opr.layer_norm(x, (d,), *self.ln_2, eps=self.eps[1])
         h = opr.linear(h, *self.c_fc, activation="gelu_tanh")  # GEMM + bias + GELU: one kernel
-        return opr.add(x, opr.linear(h, *self.mlp_proj))
+        return opr.linear(h, *self.mlp_proj, residual=x)  # x + mlp(ln_2(x)): the add in the GEMM's epilogue
 
-    def self_attention(self, h: opr.Tensor) -> opr.Tensor:
-        """Heads split from one qkv projection by views, attention, heads joined, out-projection."""
+    def self_attention(self, h: opr.Tensor, residual: opr.Tensor | None = None) -> opr.Tensor:
+        """Heads split from one qkv projection by views, attention, heads joined, out-projection
+        (``residual`` added in its epilogue)."""
         b, s, d = h.shape
         qkv = opr.linear(h, *self.c_attn).reshape(b, s, 3, self.heads, d // self.heads)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, S, d_head)
         y = opr.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)  # (B, H, S, d_head): fused
-        return opr.linear(y.permute(0, 2, 1, 3).reshape(b, s, d), *self.attn_proj)
+        return opr.linear(y.permute(0, 2, 1, 3).reshape(b, s, d), *self.attn_proj, residual=residual)
 
 
 class Built(NamedTuple):

@@ -685,6 +685,20 @@ def _normalised(ndim: int, attrs: dict[str, Any]) -> set[int]:
     return set(range(ndim - k))
 
 
+_LINEAR_ROWS = _by(lambda nd, a: set(range(nd - 1)), "rows")
+_LINEAR_RESIDUAL = {i: _by(lambda nd, a: set(range(nd - 1)), "rows", aligned=(i,)) for i in (2, 3)}
+
+
+def _linear(lay: list[Layout], attrs: dict[str, Any], out_ndim: int) -> Strategy:
+    """linear by rows of x; a residual (the last operand: 4 of them, or 3 without a bias) follows
+    x's rows, the weight and the bias are replicated."""
+    from .ops.linear import RESIDUAL_ONLY
+
+    if len(lay) == 4 or attrs.get(RESIDUAL_ONLY):
+        return _LINEAR_RESIDUAL[len(lay) - 1](lay, attrs, out_ndim)
+    return _LINEAR_ROWS(lay, attrs, out_ndim)
+
+
 _BATCH = _by(lambda nd, a: {0}, "batch")
 _CHANNELS = _by(lambda nd, a: set(range(nd - 2)), "batch / channels")
 _ANY = _by(lambda nd, a: set(range(nd)), "elements", aligned=None)
@@ -694,7 +708,7 @@ _REDUCE = _by(lambda nd, a: set(range(nd)) - _reduced(nd, a), "rows", out_axis=_
 #: operator name -> its sharding rule (module doc); an operator without one runs whole
 RULES: dict[str, Rule] = {
     "matmul": _matmul,
-    "linear": _by(lambda nd, a: set(range(nd - 1)), "rows"),
+    "linear": _linear,
     "conv2d": _BATCH,
     "batch_norm": _by(lambda nd, a: set(range(nd)) - {1}, "batch"),
     "layer_norm": _by(_normalised, "rows"),

@@ -237,7 +237,8 @@ class Plan:
             if self.reshapes is None:
                 out = self._hot(launch, datas)
             else:
-                out = self._hot(launch, [d if s is None else d.reshape(s) for d, s in zip(datas, self.reshapes)])
+                reshape = self.device.provider.reshape  # a view, or a copy where no view exists (every device)
+                out = self._hot(launch, [d if s is None else reshape(d, s) for d, s in zip(datas, self.reshapes)])
             return out if self.out_reshape is None else out.reshape(self.out_reshape)
         if _tracing:
             return self._traced(datas)
@@ -293,7 +294,7 @@ class Plan:
             datas = [prov.astype(d, self.out_dtype) if c else d for d, c in zip(datas, self.casts)]
         if self.trivial:
             return self.op.trivial_result(self.problem, self.result_shape, self.trivial, datas, prov)
-        datas = [d if d.shape == s else d.reshape(s) for d, s in zip(datas, self.views)]
+        datas = [d if d.shape == s else prov.reshape(d, s) for d, s in zip(datas, self.views)]
         out = self._run(datas)
         if self.result_shape != self.problem.out_shape:
             out = out.reshape(self.result_shape)

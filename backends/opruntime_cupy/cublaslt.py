@@ -120,14 +120,30 @@ def layout_ok(shape: Sequence[int], strides: Sequence[int] | None) -> bool:
     return all(s >= 0 for s in strides) and _operand(shape[0], shape[1], strides) is not None
 
 
+def row_stride(shape: Sequence[int], strides: Sequence[int] | None) -> int | None:
+    """The leading dimension of a row-major (m, n) matrix of element ``strides`` read as
+    cuBLASLt's column-major (n, m) C (a residual): its row stride, when its rows are unit-stride
+    and do not overlap; None otherwise (C order when ``strides`` is None)."""
+    m, n = shape
+    if strides is None:
+        return max(n, 1)
+    s0, s1 = strides
+    if n > 1 and s1 != 1:
+        return None
+    ld = s0 if m > 1 else max(n, 1)
+    return ld if ld >= max(n, 1) else None
+
+
 class GemmNT:
-    """``run(x, w, bias, y)``: ``y = act(x @ w.T + bias)`` by one ``cublasLtMatmul`` on the current
-    stream, for the problem's shapes and element strides (``x`` (m, k), ``w`` (n, k), ``y`` (m, n)
-    C-contiguous, ``bias`` (n,) contiguous or None). Raises ``cuBLASLtError`` when no algorithm
-    serves the call's alignment (the selector then drops the candidate for the problem)."""
+    """``run(x, w, bias, y, residual=None)``: ``y = act(x @ w.T + bias + residual)`` by one
+    ``cublasLtMatmul`` on the current stream, for the problem's shapes and element strides (``x``
+    (m, k), ``w`` (n, k), ``y`` (m, n) C-contiguous, ``bias`` (n,) contiguous or None, the
+    residual (m, n) with row stride ``residual_ld`` (cuBLASLt's C, beta 1) when that is given).
+    Raises ``cuBLASLtError`` when no algorithm serves the call's alignment (the selector then
+    drops the candidate for the problem)."""
 
     def __init__(self, dtype: str, dev: int, m: int, n: int, k: int, x_strides: Sequence[int],
-                 w_strides: Sequence[int], activation: str | None, bias: bool) -> None:
+                 w_strides: Sequence[int], activation: str | None, bias: bool, residual_ld: int | None = None) -> None:
         import cupy
         from nvmath.bindings import cublasLt as lt
 
@@ -136,7 +152,8 @@ class GemmNT:
         isz = itemsize(dtype)
         self._stream = cupy.cuda.get_current_stream
         scalar = np.float64 if dtype == "float64" else np.float32
-        self._alpha, self._beta = np.ones(1, scalar), np.zeros(1, scalar)  # host scalars, kept alive
+        # host scalars, kept alive; beta 1 adds C (the residual)
+        self._alpha, self._beta = np.ones(1, scalar), np.full(1, 0 if residual_ld is None else 1, scalar)
         # their addresses read once: ndarray.ctypes builds an object per read (1-2 us of a call's host time)
         self._alpha_p, self._beta_p = self._alpha.ctypes.data, self._beta.ctypes.data
         # A = w read as (n, k); B = x.T as (k, m); D = y.T (n, m), column-major, ld n
@@ -147,7 +164,7 @@ class GemmNT:
         op_a = OP_T if wa[0] == OP_N else OP_N
         op_b = OP_N if xb[0] == OP_N else OP_T
         # the leading dims' byte counts bound the alignment too (a row of A starts lda elements on)
-        self._ld_bits = 256 | (wa[1] * isz) | (xb[1] * isz) | (n * isz)
+        self._ld_bits = 256 | (wa[1] * isz) | (xb[1] * isz) | (n * isz) | ((residual_ld or n) * isz)
         t = CUDA_R[dtype]
         self._desc = lt.matmul_desc_create(COMPUTE[dtype], CUDA_R["float64" if dtype == "float64" else "float32"])
         setd, dt = lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype
@@ -162,6 +179,7 @@ class GemmNT:
         self._a = lt.matrix_layout_create(t, *((k, n) if op_a == OP_T else (n, k)), wa[1])
         self._b = lt.matrix_layout_create(t, *((k, m) if op_b == OP_N else (m, k)), xb[1])
         self._d = lt.matrix_layout_create(t, n, m, n)
+        self._c = self._d if residual_ld in (None, n) else lt.matrix_layout_create(t, n, m, residual_ld)
         self._algos: dict[int, int] = {}  # alignment -> the algorithm's address (its result held below)
         self._results: list[Any] = []
         self._lock = threading.Lock()
@@ -184,7 +202,7 @@ class GemmNT:
                 _set(setp, pref, attr, dt, align)
             results = lt.MatmulHeuristicResult(1)
             count = np.zeros(1, np.int32)
-            lt.matmul_algo_get_heuristic(self._state.handle, self._desc, self._a, self._b, self._d, self._d, pref, 1,
+            lt.matmul_algo_get_heuristic(self._state.handle, self._desc, self._a, self._b, self._c, self._d, pref, 1,
                                          results.ptr, count.ctypes.data)
         finally:
             lt.matmul_preference_destroy(pref)
@@ -194,9 +212,10 @@ class GemmNT:
         self._algos[align] = ptr = int(results.ptr)
         return ptr
 
-    def __call__(self, x: Any, w: Any, bias: Any, y: Any) -> None:
+    def __call__(self, x: Any, w: Any, bias: Any, y: Any, residual: Any = None) -> None:
         xp, wp, yp = x.data.ptr, w.data.ptr, y.data.ptr
-        bits = xp | wp | yp | self._ld_bits
+        cp = yp if residual is None else residual.data.ptr
+        bits = xp | wp | yp | cp | self._ld_bits
         align = bits & -bits
         algo = self._algos.get(align) or self.algorithm(align)
         st = self._state
@@ -207,7 +226,7 @@ class GemmNT:
                 self._bias_buf[0] = bias.data.ptr
                 self._lt.matmul_desc_set_attribute(self._desc, self._bias_attr, self._bias_p, 8)
             self._lt.matmul(st.handle, self._desc, self._alpha_p, wp, self._a, xp, self._b,
-                            self._beta_p, yp, self._d, yp, self._d, algo, ws, WORKSPACE_BYTES,
+                            self._beta_p, cp, self._c, yp, self._d, algo, ws, WORKSPACE_BYTES,
                             stream)
 
     def __del__(self) -> None:
@@ -215,7 +234,7 @@ class GemmNT:
         if lt is None:
             return
         try:
-            for layout in (self._a, self._b, self._d):
+            for layout in {self._a, self._b, self._c, self._d}:
                 lt.matrix_layout_destroy(layout)
             lt.matmul_desc_destroy(self._desc)
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown: the library may be gone

@@ -47,13 +47,21 @@ def as_matmul(problem: Problem) -> Problem:
 
 
 def epilogue_defines(problem: Problem) -> dict[str, int]:
-    """The BIAS / ACT defines of the problem's epilogue (none: a plain GEMM)."""
+    """The BIAS / ACT defines of the problem's epilogue in the own GEMMs (none: a plain GEMM).
+    With a residual the activation waits for it: the GEMM adds the bias, one pass of
+    :func:`epilogue_pass` adds the residual and activates."""
     out = {}
     if problem.attrs["bias"]:
         out["BIAS"] = 1
-    if problem.attrs["activation"] is not None:
+    if problem.attrs["activation"] is not None and not problem.attrs["residual"]:
         out["ACT"] = ACT[problem.attrs["activation"]]
     return out
+
+
+def operands(problem: Problem) -> Callable[[tuple[Any, ...]], tuple[Any, Any]]:
+    """``split(rest)``: (bias, residual) from a call's operands after ``x, w`` (None when absent)."""
+    has_bias, has_residual = problem.attrs["bias"], problem.attrs["residual"]
+    return lambda rest: (rest[0] if has_bias else None, rest[-1] if has_residual else None)
 
 
 #: seconds per output element an activation adds to the own GEMMs' epilogue, measured on an H100
@@ -64,8 +72,18 @@ def epilogue_defines(problem: Problem) -> dict[str, int]:
 EPILOGUE_S_PER_ELEMENT = 1.5e-12
 
 
+def _pass_seconds(problem: Problem, reads: int) -> float:
+    """A pass over the output of its own (the output read and written, ``reads`` more operands of
+    its size read) and its launch."""
+    bw = problem.device.provider.figures()[2]
+    return (2.0 + reads) * math.prod(problem.out_shape) * itemsize(problem.dtype) / bw + mm.GPU_LAUNCH
+
+
 def _epilogue_seconds(problem: Problem) -> float:
-    """What the activation adds to an own GEMM's epilogue (:data:`EPILOGUE_S_PER_ELEMENT`)."""
+    """What the activation adds to an own GEMM's epilogue (:data:`EPILOGUE_S_PER_ELEMENT`), or
+    with a residual the pass that adds it and activates."""
+    if problem.attrs["residual"]:
+        return _pass_seconds(problem, 1)
     return 0.0 if problem.attrs["activation"] is None else EPILOGUE_S_PER_ELEMENT * math.prod(problem.out_shape)
 
 
@@ -75,11 +93,22 @@ def _own(family: str, generic: bool, fallback: Mapping[str, Any] | None = None) 
 
     def prepare(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
         gemm = launcher(family, as_matmul(problem), config, generic, fallback, epilogue_defines(problem), label)
+        split = operands(problem)
+        if not problem.attrs["residual"]:
+            def launch(x: Any, w: Any, bias: Any = None) -> Any:
+                return gemm(x, w.T, bias)
 
-        def launch(x: Any, w: Any, bias: Any = None) -> Any:
-            return gemm(x, w.T, bias)
+            return launch
+        (m, n), act = problem.out_shape, problem.attrs["activation"]
+        apply = epilogue_pass(problem, (m, n), 1, n, False, act, label, residual=True)
 
-        return launch
+        def launch_residual(x: Any, w: Any, *rest: Any) -> Any:  # GEMM + bias, then + residual, activated
+            bias, residual = split(rest)
+            y = gemm(x, w.T, bias)
+            apply(y, None, residual)
+            return y
+
+        return launch_residual
 
     prepare.__name__ = f"prepare_linear_{family}{'_generic' if generic else ''}"
     return prepare
@@ -99,10 +128,11 @@ def _ranked(configs: tuple[dict, ...], cost: Callable[[Problem, Mapping[str, Any
 
 # -- cuBLAS, then one fused bias + activation pass ------------------------------------------------
 def epilogue_pass(problem: Problem, out_shape: tuple[int, ...], inner: int, channels: int, bias: bool,
-                  activation: str | None, label: str) -> Callable[[Any, Any], None]:
-    """``apply(y, b)``: ``y = act(y + b[channel])`` in place, one launch of ``linear.cu``'s
-    ``bias_act`` over the contiguous ``y`` of ``out_shape`` seen as (outer, channels, inner);
-    ``b`` may be None when ``bias`` is False. Shared with conv2d's vendor path."""
+                  activation: str | None, label: str, residual: bool = False) -> Callable[..., None]:
+    """``apply(y, b, r=None)``: ``y = act(y + b[channel] + r)`` in place, one launch of
+    ``linear.cu``'s ``bias_act`` over the contiguous ``y`` of ``out_shape`` seen as (outer,
+    channels, inner); ``b`` may be None when ``bias`` is False, ``r`` (``y``'s shape, copied when
+    not contiguous) is read when ``residual``. Shared with conv2d's vendor path."""
     import cupy
 
     dev = problem.device.provider.index
@@ -113,28 +143,33 @@ def epilogue_pass(problem: Problem, out_shape: tuple[int, ...], inner: int, chan
         vec = 1
     d = {"DTYPE": DTYPE_CODE[problem.dtype], "ACT": ACT[activation], "BIAS": int(bias), "VEC": vec,
          "IDX": "int" if total < 2**31 - 16 else "long long", "THREADS": EPILOGUE_THREADS}
+    if residual:
+        d["RESID"] = 1
     fn = cc.get_function("linear.cu", "bias_act", d, dev, kernel=label)
     nvec = total // vec
     grid = max(1, min(-(-nvec // EPILOGUE_THREADS), problem.device.provider.sm_count * 8))
-    fast = cc.FastLaunch(fn, (grid,), (EPILOGUE_THREADS,), pointers=2,
+    fast = cc.FastLaunch(fn, (grid,), (EPILOGUE_THREADS,), pointers=3,
                          scalars=[ctypes.c_int64(nvec), ctypes.c_int64(inner), ctypes.c_int64(channels)])
-    scalar: list[Any] = []  # a misaligned y (never a fresh array): the scalar build, made when needed
+    scalar: list[Any] = []  # a misaligned y or residual: the scalar build, made when needed
 
-    def apply(y: Any, b: Any) -> None:
+    def apply(y: Any, b: Any, r: Any = None) -> None:
         yp = y.data.ptr
         if b is not None and not (b.shape[0] == 1 or b.strides[0] == b.itemsize):
             b = cupy.ascontiguousarray(b)
         bp = b.data.ptr if b is not None else yp
-        if vec > 1 and yp & 15:
+        if r is not None and not r.flags.c_contiguous:
+            r = aligned(r, None)  # C order
+        rp = r.data.ptr if r is not None else yp
+        if vec > 1 and (yp | rp) & 15:
             if not scalar:
                 f1 = cc.get_function("linear.cu", "bias_act", {**d, "VEC": 1}, dev, kernel=label)
                 g1 = max(1, min(-(-total // EPILOGUE_THREADS), problem.device.provider.sm_count * 8))
-                scalar.append(cc.FastLaunch(f1, (g1,), (EPILOGUE_THREADS,), pointers=2,
+                scalar.append(cc.FastLaunch(f1, (g1,), (EPILOGUE_THREADS,), pointers=3,
                                             scalars=[ctypes.c_int64(total), ctypes.c_int64(inner),
                                                      ctypes.c_int64(channels)]))
-            scalar[0](yp, bp)
+            scalar[0](yp, bp, rp)
         else:
-            fast(yp, bp)
+            fast(yp, bp, rp)
 
     return apply
 
@@ -145,15 +180,18 @@ def prepare_cublas(problem: Problem, config: Mapping[str, Any]) -> Callable[...,
 
     dev = problem.device.provider.index
     (m, n), act, has_bias = problem.out_shape, problem.attrs["activation"], problem.attrs["bias"]
+    has_residual = problem.attrs["residual"]
     label = "cupy.linear.cublas"
-    apply = epilogue_pass(problem, (m, n), 1, n, has_bias, act, label) if has_bias or act else None
+    apply = epilogue_pass(problem, (m, n), 1, n, has_bias, act, label, has_residual) \
+        if has_bias or act or has_residual else None
     getdev, oom = cupy.cuda.runtime.getDevice, cupy.cuda.memory.OutOfMemoryError
     gemm = gemm_nt(problem.dtype, dev) if problem.shapes[0][1] else None  # k = 0: CuPy's zeros
+    split = operands(problem)
 
-    def launch(x: Any, w: Any, bias: Any = None) -> Any:
+    def launch(x: Any, w: Any, *rest: Any) -> Any:
         if getdev() != dev:
             with cupy.cuda.Device(dev):
-                return launch(x, w, bias)
+                return launch(x, w, *rest)
         try:
             y = memory.empty((m, n), x.dtype, label)
             if gemm is None or not gemm(x, w, y):
@@ -161,7 +199,7 @@ def prepare_cublas(problem: Problem, config: Mapping[str, Any]) -> Callable[...,
         except oom as exc:
             raise memory._oom(f"linear {problem} (cuBLAS)", m * n * x.dtype.itemsize, exc) from exc
         if apply is not None:
-            apply(y, bias)
+            apply(y, *split(rest))
         return y
 
     return launch
@@ -169,9 +207,8 @@ def prepare_cublas(problem: Problem, config: Mapping[str, Any]) -> Callable[...,
 
 def cost_cublas(problem: Problem, config: Mapping[str, Any]) -> float:
     t = mm.cost_cublas(as_matmul(problem), config)
-    if problem.attrs["bias"] or problem.attrs["activation"] is not None:
-        bw = problem.device.provider.figures()[2]
-        t += 2.0 * math.prod(problem.out_shape) * itemsize(problem.dtype) / bw + mm.GPU_LAUNCH
+    if problem.attrs["bias"] or problem.attrs["activation"] is not None or problem.attrs["residual"]:
+        t += _pass_seconds(problem, int(problem.attrs["residual"]))
     return t
 
 
@@ -186,14 +223,17 @@ def nvmath_missing() -> str:
 
 
 def supports_cublaslt(problem: Problem) -> bool:
-    """cuBLASLt callable, a bias or an activation (a plain GEMM is matmul's), operands it reads in place
-    (one unit stride each), and k > 0."""
-    act, has_bias = problem.attrs["activation"], problem.attrs["bias"]
-    if act is None and not has_bias:
+    """cuBLASLt callable, a bias, a residual or an activation (a plain GEMM is matmul's), operands
+    it reads in place (one unit stride each; a residual's rows unit-stride: it is cuBLASLt's C),
+    and k > 0."""
+    act, has_bias, has_residual = problem.attrs["activation"], problem.attrs["bias"], problem.attrs["residual"]
+    if act is None and not has_bias and not has_residual:
         return Refusal("a plain GEMM: matmul's kernels and cuBLAS serve it")
     for shape, strides in zip(problem.shapes[:2], problem.strides[:2]):
         if not cublaslt.layout_ok(shape, strides):
             return Refusal("an operand with no unit stride")
+    if has_residual and cublaslt.row_stride(problem.out_shape, problem.strides[-1]) is None:
+        return Refusal("a residual whose rows are not unit-stride (cuBLASLt's C is column-major D's layout)")
     if problem.shapes[0][1] == 0:
         return Refusal("k = 0")
     if why := nvmath_missing():
@@ -203,32 +243,36 @@ def supports_cublaslt(problem: Problem) -> bool:
 
 def prepare_cublaslt(problem: Problem, config: Mapping[str, Any]) -> Callable[..., Any]:
     """Plan the cuBLASLt GEMM with its epilogue once (:class:`cublaslt.GemmNT`); a call allocates the
-    result and issues one ``cublasLtMatmul``, then, for an activation cuBLASLt has not (exact gelu,
+    result and issues one ``cublasLtMatmul`` (a residual is its C, added with beta 1 before the
+    epilogue: ``D = act(A B + C + bias)``), then, for an activation cuBLASLt has not (exact gelu,
     silu), one in-place activation pass (the bias stays in cuBLASLt's epilogue). A bias that is
     strided or off 16 bytes is copied."""
     import cupy
 
     dev = problem.device.provider.index
-    act, has_bias = problem.attrs["activation"], problem.attrs["bias"]
+    act, has_bias, has_residual = problem.attrs["activation"], problem.attrs["bias"], problem.attrs["residual"]
     (m, k), (n, _) = problem.shapes[:2]
     sx, sw = problem.strides[:2]
+    ldr = cublaslt.row_stride((m, n), problem.strides[-1]) if has_residual else None
     label = "cupy.linear.cublaslt"
     fused = (act, has_bias) in cublaslt.EPILOGUE
     apply = None if fused else epilogue_pass(problem, (m, n), 1, n, False, act, label)
     with cupy.cuda.Device(dev):
         gemm = cublaslt.GemmNT(problem.dtype, dev, m, n, k, sx or c_strides((m, k)), sw or c_strides((n, k)),
-                               act if fused else None, has_bias) if m and n else None
+                               act if fused else None, has_bias, ldr) if m and n else None
     getdev = cupy.cuda.runtime.getDevice
+    split = operands(problem)
 
-    def launch(x: Any, w: Any, bias: Any = None) -> Any:
+    def launch(x: Any, w: Any, *rest: Any) -> Any:
         if getdev() != dev:
             with cupy.cuda.Device(dev):
-                return launch(x, w, bias)
+                return launch(x, w, *rest)
         y = memory.empty((m, n), x.dtype, label)
         if gemm is not None:
+            bias, residual = split(rest)
             if has_bias and ((bias.strides[0] != bias.itemsize and n > 1) or bias.data.ptr % ALIGN):
                 bias = aligned(bias, (1,))
-            gemm(x, w, bias if has_bias else None, y)
+            gemm(x, w, bias, y, residual)
             if apply is not None:
                 apply(y, None)
         return y
@@ -254,8 +298,10 @@ def cost_cublaslt(problem: Problem, config: Mapping[str, Any]) -> float:
     else:
         peak = problem.device.provider.figures()[1]
         t = 2.0 * m * n * k / (peak * LT_EFF * k / (k + LT_EFF_K)) + mm.GPU_LAUNCH
+    if problem.attrs["residual"]:  # C read by the epilogue
+        t += m * n * itemsize(problem.dtype) / problem.device.provider.figures()[2]
     if (problem.attrs["activation"], problem.attrs["bias"]) not in cublaslt.EPILOGUE:  # the activation pass
-        t += 2.0 * m * n * itemsize(problem.dtype) / problem.device.provider.figures()[2] + mm.GPU_LAUNCH
+        t += _pass_seconds(problem, 0)
     return max(t, HOST_LT)
 
 
@@ -307,6 +353,9 @@ def build_variants() -> list[tuple[str, dict]]:
                                       "IDX": "int", "THREADS": EPILOGUE_THREADS}))
         out.append(("linear.cu", {"DTYPE": code, "ACT": ACT["gelu"], "BIAS": 0, "VEC": 1, "IDX": "long long",
                                   "THREADS": EPILOGUE_THREADS}))
+        for vec in (16 // itemsize(dt), 1):  # a residual after the own GEMMs: + r, activated
+            out.append(("linear.cu", {"DTYPE": code, "ACT": ACT["relu"], "BIAS": 0, "RESID": 1, "VEC": vec,
+                                      "IDX": "int", "THREADS": EPILOGUE_THREADS}))
     for file, cfg, extra in (("matmul_sgemm.cu", mm.SIMT_CONFIGS[0], {}),
                              ("matmul_hgemm.cu", mm.MMA_CONFIGS[0], {"BF16": 0}),
                              ("matmul_hgemm.cu", mm.MMA_CONFIGS[0], {"BF16": 1})):

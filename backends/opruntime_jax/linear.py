@@ -1,4 +1,4 @@
-"""linear on JAX devices: ``x @ w.T + b`` and the activation (``epilogue.activate``) in one jitted
+"""linear on JAX devices: ``x @ w.T + b (+ residual)`` and the activation (``epilogue.activate``) in one jitted
 function; XLA fuses the bias and the activation into the dot's output (cuBLASLt's epilogue on
 GPUs), float32 at ``Precision.HIGHEST``."""
 
@@ -19,12 +19,17 @@ def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
     from jax import lax
 
     precision, act = matmul_precision(problem.dtype), problem.attrs["activation"]
+    has_bias, has_residual = problem.attrs["bias"], problem.attrs["residual"]
     # contract x's dim 1 with w's dim 1: x @ w.T without materialising the transpose
     dims = (((1,), (1,)), ((), ()))
 
-    def linear(x: Any, w: Any, b: Any = None) -> Any:
+    def linear(x: Any, w: Any, *rest: Any) -> Any:
         y = lax.dot_general(x, w, dims, precision=precision)
-        return activate(act, y if b is None else y + b)
+        if has_bias:
+            y = y + rest[0]
+        if has_residual:
+            y = y + rest[-1]
+        return activate(act, y)
 
     return linear
 

@@ -46,24 +46,30 @@ def _gemm_t(a, a_off, lda, ta, b, b_off, ldb, tb, c, c_off, ldc, m, n, k, ab):
 
 
 @njit(**OPTIONS)
-def linear_rows(x, w, w_kn, bias, out, rows, code, first, last):
-    """``out = act(code, x @ W.T + bias)`` by blocks of ``rows`` rows, tasks ``first:last``: ``x``
-    (m, k) and ``out`` (m, n) C-contiguous; ``w`` the weights C-contiguous, ``W`` (n, k) itself or,
-    with ``w_kn``, stored as ``W.T`` (k, n) (a transposed view's base: no copy); ``bias`` (n,) or
-    size 0. Each block's GEMM writes its rows of the output, then the bias and activation
-    (:func:`._nb_elementwise.bias_act_row`) run over them while they are in cache."""
+def linear_rows(x, w, w_kn, bias, res, out, rows, code, first, last):
+    """``out = act(code, x @ W.T + bias + res)`` by blocks of ``rows`` rows, tasks
+    ``first:last``: ``x`` (m, k) and ``out`` (m, n) C-contiguous; ``w`` the weights C-contiguous,
+    ``W`` (n, k) itself or, with ``w_kn``, stored as ``W.T`` (k, n) (a transposed view's base: no
+    copy); ``bias`` (n,) or size 0; ``res`` (m, n) C-contiguous or with 0 rows (none). Each
+    block's rows of the residual are copied into the output and the block's GEMM adds to them
+    (beta 1), then the bias and activation (:func:`._nb_elementwise.bias_act_row`) run over them
+    while they are in cache."""
     m, k = x.shape
     n = out.shape[1]
     xf = x.reshape(-1)
     wf = w.reshape(-1)
     of = out.reshape(-1)
-    ab = _unit_alpha(out.dtype, 0)
+    added = res.shape[0] > 0
+    ab = _unit_alpha(out.dtype, 1 if added else 0)
     ldw = n if w_kn else k
     for t in range(first, last):
         r0 = t * rows
         cnt = min(rows, m - r0)
+        if added:
+            out[r0:r0 + cnt] = res[r0:r0 + cnt]
         if k == 0:  # BLAS leaves C alone when k is 0 with beta 0 only in some builds
-            out[r0:r0 + cnt] = 0
+            if not added:
+                out[r0:r0 + cnt] = 0
         else:
             _gemm_t(xf, r0 * k, k, False, wf, 0, ldw, not w_kn, of, r0 * n, n, cnt, n, k, ab)
         if bias.shape[0] > 0 or code != 0:
@@ -93,10 +99,10 @@ def matmul_rows(a, b, out, rows, first, last):
 
 
 @njit(**WRAPPER)
-def par_linear(fn, x, w, w_kn, bias, out, rows, code, tasks, pieces):
+def par_linear(fn, x, w, w_kn, bias, res, out, rows, code, tasks, pieces):
     """:func:`linear_rows` (``fn``) over ``tasks`` tasks cut into ``pieces`` ranges, in parallel."""
     for p in prange(pieces):
-        fn(x, w, w_kn, bias, out, rows, code, tasks * p // pieces, tasks * (p + 1) // pieces)
+        fn(x, w, w_kn, bias, res, out, rows, code, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(**WRAPPER)

@@ -88,9 +88,16 @@ def skinny(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     out[...] = tmp.T
 
 
-def run(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+def extras(problem: Problem, rest: tuple[Any, ...]) -> tuple[Any, Any]:
+    """(bias, residual) of a linear call from the operands after ``x, w`` (each None when absent)."""
+    a = problem.attrs
+    return (rest[0] if a["bias"] else None), (rest[-1] if a["residual"] else None)
+
+
+def run(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> np.ndarray:
     dt = compute_dtype(problem.dtype)
     x, w = x.astype(dt, copy=False), w.astype(dt, copy=False)
+    bias, res = extras(problem, rest)
     b = None if bias is None else bias.astype(dt, copy=False)
     act = problem.attrs["activation"]
     m, n = problem.out_shape
@@ -103,6 +110,8 @@ def run(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, bias: np.nd
         with np.errstate(over="ignore", invalid="ignore"):
             if b is not None:
                 out += b
+            if res is not None:
+                out += res
             activate(act, out)
         return out.astype(problem.dtype, copy=False)
     with np.errstate(over="ignore", invalid="ignore"), _threads(problem):
@@ -111,6 +120,8 @@ def run(problem: Problem, config: Any, x: np.ndarray, w: np.ndarray, bias: np.nd
             np.matmul(x[start : start + rows], wt, out=y)
             if b is not None:
                 y += b
+            if res is not None:
+                y += res[start : start + rows]
             activate(act, y)
     return out.astype(problem.dtype, copy=False)
 
@@ -205,16 +216,24 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     few_rows = is_skinny(problem)
     groups = _split_groups(problem) if few_rows else 0
     rows, tasks = _gemm_tasks(problem, config)
+    no_res = np.empty((0, n), dt)
 
     @np.errstate(over="ignore", invalid="ignore")
-    def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    def launch(x: np.ndarray, w: np.ndarray, *rest: np.ndarray) -> np.ndarray:
         x, w = x.astype(dt, copy=False), w.astype(dt, copy=False)
+        bias, res = extras(problem, rest)
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
-        if groups:
+        if groups and res is None:
             return _rows_on_numba(x, w, b, code, groups).astype(problem.dtype, copy=False)
-        if few_rows:
-            out = np.empty((m, n), dt)
-            skinny(x, w, out)
+        if groups or few_rows:  # the residual added after the product, before the activation
+            if groups:
+                out = _rows_on_numba(x, w, b, 0, groups)
+                b = b[:0]
+            else:
+                out = np.empty((m, n), dt)
+                skinny(x, w, out)
+            if res is not None:
+                out += res
             if code or b.size:
                 jit.call(nb.bias_act_rows, out, b, code)
             return out.astype(problem.dtype, copy=False)
@@ -225,7 +244,8 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         x = np.ascontiguousarray(x)
         w_kn = not w.flags.c_contiguous and w.T.flags.c_contiguous  # a transposed view: its base
         w = w.T if w_kn else np.ascontiguousarray(w)
-        args = (x, w, w_kn, b, out, rows, code)
+        r = no_res if res is None else np.ascontiguousarray(res, dt)
+        args = (x, w, w_kn, b, r, out, rows, code)
         with _blas.one_thread():
             if tasks == 1:
                 jit.call(nbg.linear_rows, *args, 0, 1)

@@ -1,6 +1,6 @@
 """linear on OpenCL devices: the GEMMs of ``matmul.cl`` (tiled for GPUs, SIMD-vector for CPUs,
-the plain tiled baseline) built with their epilogue: ``bias[n]`` added and ``ACTIVATE`` of
-``epilogue.cl`` applied to each output in the accumulator type before its one rounding, so GEMM,
+the plain tiled baseline) built with their epilogue: ``bias[n]`` and ``residual[m, n]`` added
+and ``ACTIVATE`` of ``epilogue.cl`` applied to each output in the accumulator type before its one rounding, so GEMM,
 bias and activation are one kernel.
 
 The product is ``x @ weight.T``: the kernels see ``b = weight.T`` (K x N), a transposed view,
@@ -32,15 +32,17 @@ def as_matmul(problem: Problem) -> Problem:
 
 
 def _epilogue(problem: Problem) -> mm.Epilogue:
-    return mm.Epilogue(bias=problem.attrs["bias"], activation=problem.attrs["activation"])
+    return mm.Epilogue(bias=problem.attrs["bias"], activation=problem.attrs["activation"],
+                       residual=problem.attrs["residual"])
 
 
 def _preparer(build: Callable[..., Callable[..., Any]], label: str) -> Callable[[Problem, Mapping[str, int]], Any]:
     def prepare(problem: Problem, config: Mapping[str, int]) -> Callable[..., Any]:
         gemm = build(as_matmul(problem), config, _epilogue(problem), label)
+        has_bias, has_residual = problem.attrs["bias"], problem.attrs["residual"]
 
-        def launch(x: Any, w: Any, bias: Any = None) -> Any:
-            return gemm(x, w.T, bias)
+        def launch(x: Any, w: Any, *rest: Any) -> Any:
+            return gemm(x, w.T, rest[0] if has_bias else None, rest[-1] if has_residual else None)
 
         return launch
 

@@ -13,12 +13,16 @@
 //                The work-group is (TSN / WPTN, TSM / WPTM).
 //   gemm_simple: TS (a TS x TS tile, one output per work-item).
 //   gemm_vector: MR, NRV, VW (CPUs: MR rows x NRV VW-wide vectors per work-item, no local memory).
-// Epilogue (linear): BIAS 1 adds bias[bias0 + n] (two more kernel arguments, after C's), and
-// ACT applies epilogue.cl's ACTIVATE (prepended by the launcher) to the fp32 / fp64 result before
-// its one rounding to T. Without them C = A @ B.
+// Epilogue (linear): BIAS 1 adds bias[bias0 + n] (two more kernel arguments, after C's), RESID 1
+// adds resid[resid0 + m * ldr + n] (three more, after the bias's: a linear's residual, row-major
+// with row stride ldr; no batches), and ACT applies epilogue.cl's ACTIVATE (prepended by the
+// launcher) to the fp32 / fp64 result before its one rounding to T. Without them C = A @ B.
 
 #ifndef BIAS
 #define BIAS 0
+#endif
+#ifndef RESID
+#define RESID 0
 #endif
 #ifndef ACTIVATE
 #define ACTIVATE(v) (v)
@@ -30,9 +34,16 @@
 #define BIAS_ARGS
 #define ADD_BIAS(v, n) (v)
 #endif
-// The value stored at column n of an output row: bias and activation in ACC, then rounded once.
+#if RESID
+#define RESID_ARGS , __global const T* resid, const long resid0, const long ldr
+#define ADD_RESID(v, m, n) ((v) + (ACC)resid[resid0 + (long)(m) * ldr + (n)])
+#else
+#define RESID_ARGS
+#define ADD_RESID(v, m, n) (v)
+#endif
+// The value stored at (m, n): bias, residual and activation in ACC, then rounded once.
 inline T epilogue_value(ACC v) { return (T)ACTIVATE(v); }
-#define EPILOGUE(v, n) epilogue_value(ADD_BIAS((ACC)(v), n))
+#define EPILOGUE(v, m, n) epilogue_value(ADD_RESID(ADD_BIAS((ACC)(v), n), m, n))
 
 #ifdef TSM  // ---------------------------------------------------------------- gemm_tiled
 #ifndef VEC4  // vector literals (scripts/opencl_nvcc_check.py redefines them to compile as CUDA)
@@ -143,7 +154,7 @@ __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void gemm_tiled(const int M, const int N, const int K,
                 __global const T* A, __global const long* aoff, const long a0, const int lda, const int a_vec,
                 __global const T* B, __global const long* boff, const long b0, const int ldb, const int b_vec,
-                __global T* C, const int c_vec BIAS_ARGS) {
+                __global T* C, const int c_vec BIAS_ARGS RESID_ARGS) {
     __local AST As[STAGES * A_TILE] __attribute__((aligned(sizeof(VT))));
     __local VT Bs[STAGES * TSK * NV];
 
@@ -237,12 +248,12 @@ void gemm_tiled(const int M, const int N, const int K,
             if (c_fast) {
                 T t[VW];
                 #pragma unroll
-                for (int c = 0; c < VW; c++) t[c] = EPILOGUE(acc[i][j * VW + c], n + c);
+                for (int c = 0; c < VW; c++) t[c] = EPILOGUE(acc[i][j * VW + c], m, n + c);
                 *(__global VT*)(C + (long)m * N + n) = VMAKE(t);
             } else if (m < M) {
                 #pragma unroll
                 for (int c = 0; c < VW; c++)
-                    if (n + c < N) C[(long)m * N + n + c] = EPILOGUE(acc[i][j * VW + c], n + c);
+                    if (n + c < N) C[(long)m * N + n + c] = EPILOGUE(acc[i][j * VW + c], m, n + c);
             }
         }
     }
@@ -253,7 +264,8 @@ void gemm_tiled(const int M, const int N, const int K,
 __kernel __attribute__((reqd_work_group_size(TS, TS, 1)))
 void gemm_simple(const int M, const int N, const int K,
                  __global const T* A, __global const long* aoff, const long a0, const int lda,
-                 __global const T* B, __global const long* boff, const long b0, const int ldb, __global T* C BIAS_ARGS) {
+                 __global const T* B, __global const long* boff, const long b0, const int ldb, __global T* C BIAS_ARGS
+                 RESID_ARGS) {
     __local T As[TS][TS];
     __local T Bs[TS][TS];
     const int lx = get_local_id(0), ly = get_local_id(1);
@@ -268,7 +280,7 @@ void gemm_simple(const int M, const int N, const int K,
         for (int k = 0; k < TS; k++) acc += (ACC)As[ly][k] * (ACC)Bs[k][lx];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (row < M && col < N) C[(long)batch * M * N + (long)row * N + col] = EPILOGUE(acc, col);
+    if (row < M && col < N) C[(long)batch * M * N + (long)row * N + col] = EPILOGUE(acc, row, col);
 }
 #endif  // TS
 
@@ -289,7 +301,7 @@ void gemm_simple(const int M, const int N, const int K,
 __kernel void gemm_vector(const int M, const int N, const int K,
                           __global const T* A, __global const long* aoff, const long a0, const int lda,
                           __global const T* B, __global const long* boff, const long b0, const int ldb, __global T* C
-                          BIAS_ARGS) {
+                          BIAS_ARGS RESID_ARGS) {
     const int n0 = get_global_id(0) * (NRV * VW), m0 = get_global_id(1) * MR, batch = get_global_id(2);
     if (n0 >= N || m0 >= M) return;
     A += a0 + aoff[batch];
@@ -324,6 +336,9 @@ __kernel void gemm_vector(const int M, const int N, const int K,
 #if BIAS
                     v += TO_VACC(VLOAD(0, bias + bias0 + n0 + j * VW));
 #endif
+#if RESID
+                    v += TO_VACC(VLOAD(0, resid + resid0 + (long)(m0 + i) * ldr + n0 + j * VW));
+#endif
                     VSTORE(TO_VT(ACTIVATE(v)), 0, C + (long)(m0 + i) * N + n0 + j * VW);
                 }
     } else {  // the last, partial column block: scalars
@@ -331,7 +346,7 @@ __kernel void gemm_vector(const int M, const int N, const int K,
             for (int n = n0; n < N; n++) {
                 ACC s = (ACC)0;
                 for (int k = 0; k < K; k++) s += (ACC)arow[i][k] * (ACC)B[(long)k * ldb + n];
-                C[(long)(m0 + i) * N + n] = EPILOGUE(s, n);
+                C[(long)(m0 + i) * N + n] = EPILOGUE(s, m0 + i, n);
             }
     }
 }

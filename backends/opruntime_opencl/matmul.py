@@ -78,21 +78,26 @@ TYPES = {"float32": ("float", "float", {}), "float64": ("double", "double", {"US
 
 @dataclass(frozen=True)
 class Epilogue:
-    """What a GEMM does to each output before storing it: add ``bias[n]`` (an extra operand of
-    the launch) and apply ``activation`` (a name of ``epilogue.ACT``, or None)."""
+    """What a GEMM does to each output before storing it: add ``bias[n]`` and ``residual[m, n]``
+    (extra operands of the launch; a residual only on an unbatched product: linear's) and apply
+    ``activation`` (a name of ``epilogue.ACT``, or None)."""
 
     bias: bool = False
     activation: str | None = None
+    residual: bool = False
 
     def defines(self) -> dict[str, int]:
         out = {"BIAS": 1} if self.bias else {}
+        if self.residual:
+            out["RESID"] = 1
         if self.activation is not None:
             out["ACT"] = ACT[self.activation]
         return out
 
     def signature(self) -> tuple[Any, ...]:
-        """The kernel arguments it adds: the bias buffer and its element offset."""
-        return (BUFFER, np.int64) if self.bias else ()
+        """The kernel arguments it adds: the bias buffer and its element offset, the residual's
+        buffer, element offset and row stride."""
+        return ((BUFFER, np.int64) if self.bias else ()) + ((BUFFER, np.int64, np.int64) if self.residual else ())
 
 
 NO_EPILOGUE = Epilogue()
@@ -141,10 +146,12 @@ class _Layout:
 
 
 def _launcher(problem: Problem, body: Callable[..., None]) -> Callable[..., Any]:
-    """``launch(a, b, bias=None)``: each operand read in place or gathered, the result allocated,
-    then ``body(a, a0, la, b, b0, lb, out, *extra)`` enqueues the kernel (``a0``: the view's start
-    in elements, ``la``: its :class:`_Layout`; ``extra``: the bias buffer and its element offset,
-    when a bias is given: a contiguous copy of a strided one).
+    """``launch(a, b, bias=None, residual=None)``: each operand read in place or gathered, the
+    result allocated, then ``body(a, a0, la, b, b0, lb, out, *extra)`` enqueues the kernel
+    (``a0``: the view's start in elements, ``la``: its :class:`_Layout`; ``extra``: the bias
+    buffer and its element offset when a bias is given (a contiguous copy of a strided one), the
+    residual's buffer, element offset and row stride when one is given (a copy of one whose rows
+    are not unit-stride)).
 
     The layouts come from the problem's strides, once; an array whose strides differ from the
     problem's (an operand the frontend cast: a contiguous copy of a strided view) gets its own
@@ -164,16 +171,21 @@ def _launcher(problem: Problem, body: Callable[..., None]) -> Callable[..., Any]
             x = dev.contiguous(x)
         return x, x.offset // size, lay
 
-    def launch(a: Any, b: Any, bias: Any = None) -> Any:
+    def launch(a: Any, b: Any, bias: Any = None, residual: Any = None) -> Any:
         a, a0, la = operand(0, a)
         b, b0, lb = operand(1, b)
         out = dev.empty(shape, dtype)
-        if bias is None:
-            body(a, a0, la, b, b0, lb, out)
-        else:
+        extra: list[Any] = []
+        if bias is not None:
             if not bias.flags.c_contiguous:
                 bias = dev.contiguous(bias)
-            body(a, a0, la, b, b0, lb, out, bias.base_data, bias.offset // size)
+            extra += [bias.base_data, bias.offset // size]
+        if residual is not None:
+            st = elem_strides(residual)
+            if residual.shape[1] > 1 and st[1] != 1:
+                residual, st = dev.contiguous(residual), c_strides(residual.shape)
+            extra += [residual.base_data, residual.offset // size, st[0] if residual.shape[0] > 1 else 0]
+        body(a, a0, la, b, b0, lb, out, *extra)
         return out
 
     return launch

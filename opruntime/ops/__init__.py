@@ -53,6 +53,7 @@ def explain(op: str, *args: Any, device: Any = None, **attrs: Any) -> selector.E
                             + f" Operators: {', '.join(OPS)}")
     operator = OPS[op]
     s = settings()
+    args, attrs = operator.operands_by_name(args, attrs)
     while args and args[-1] is None:  # trailing optional operands given as None: absent, as in the call
         args = args[:-1]
     inputs, triples = operator.adapt(tuple(args), operator.attr_key(attrs))  # the call as it runs

@@ -290,7 +290,23 @@ class Operator(abc.ABC):
 
     # -- the call path ----------------------------------------------------------------------
     def __call__(self, *inputs: Any, device: Any = None, **attrs: Any) -> Tensor:
+        inputs, attrs = self.operands_by_name(inputs, attrs)
         return self.call(inputs, device, self.attr_key(attrs))
+
+    def operands_by_name(self, inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Operands passed by keyword (``residual=r``, as the public function takes a keyword-only
+        operand) moved to their places among ``inputs`` (None filling the gaps; trailing ones
+        left out, as the public function does)."""
+        named = [n for n in self.operands if n in attrs]
+        if not named:
+            return tuple(inputs), attrs
+        attrs = dict(attrs)
+        args = list(inputs) + [None] * (len(self.operands) - len(inputs))
+        for n in named:
+            args[self.operands.index(n)] = attrs.pop(n)
+        while args and args[-1] is None:
+            args.pop()
+        return tuple(args), attrs
 
     def adapt(self, inputs: tuple[Any, ...], attrs: tuple[tuple[str, Any, Any], ...]) -> tuple[tuple[Any, ...], tuple]:
         """Rewrite a call's operands and attributes ((name, value, type) triples) before anything
@@ -397,8 +413,8 @@ class Operator(abc.ABC):
             elif cast:  # the kernel gets the cast copy: C order (DeviceProvider.astype)
                 strides.append(c_strides(shape))
             else:
-                if tuple(d.shape) != shape:  # the kernel gets d.reshape(shape): its strides
-                    st = d.reshape(shape).strides  # (a view keeps a strided operand's steps; a copy is C order)
+                if tuple(d.shape) != shape:  # the kernel gets the operand reshaped: its strides (a view
+                    st = dev.provider.reshape(d, shape).strides  # keeps a strided operand's steps; a copy is C order)
                 strides.append(tuple(x // d.dtype.itemsize for x in st))
         problem = Problem(self.name, dev, norm.shapes, dtypes, tuple(strides), norm.attrs, norm.out_shape, dtype)
         return problem, norm, casts
@@ -496,7 +512,7 @@ def _checked(op: str, arr: np.ndarray, mask: bool = False) -> np.ndarray:
 
 def wide(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Host operands as the float64 references take them: floats widened, booleans (masks) kept."""
-    return [a if a.dtype.kind == "b" else np.asarray(a, np.float64) for a in arrays]
+    return [a if a is None or a.dtype.kind == "b" else np.asarray(a, np.float64) for a in arrays]
 
 
 def _default_device(s: Any, op: str) -> Device:

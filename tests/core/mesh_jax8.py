@@ -139,6 +139,12 @@ def test_linear_and_norms_by_rows(rng):
     gamma, beta = rand(rng, 16), rand(rng, 16)
     tx = opr.tensor(x, device=ROWS)
     check("linear", opr.linear(tx, w, b, activation="gelu"), x, w, b, activation="gelu")
+    r = rand(rng, 10, 3, 8)  # a residual split as x is follows its rows; the weights are replicated
+    tr = opr.tensor(r, device=ROWS)
+    check("linear", opr.linear(tx, w, b, activation="relu", residual=tr), x, w, b, r, activation="relu")
+    assert strategy("linear", tx, w, b, residual=tr) == "shards"
+    check("linear", opr.linear(tx, w, residual=tr), x, w, None, r)
+    assert strategy("linear", tx, w, residual=tr) == "shards"
     check("layer_norm", opr.layer_norm(tx, 16, gamma, beta), x, gamma, beta, normalized_shape=16)
     check("rms_norm", opr.rms_norm(tx, 16, gamma), x, gamma, normalized_shape=16)
 

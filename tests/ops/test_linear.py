@@ -111,8 +111,8 @@ def test_conv2d_zero_channels_give_the_activated_bias():
 def test_reference_applies_the_activation_after_the_bias():
     x, w, b = np.array([[1.0, -2.0]]), np.array([[1.0, 1.0], [2.0, 0.5]]), np.array([0.5, 1.5])
     plain = x @ w.T + b  # (-0.5, 2.5)
-    np.testing.assert_array_equal(LINEAR.reference(x, w, b, "relu"), np.maximum(plain, 0))
-    np.testing.assert_allclose(LINEAR.reference(x, w, b, "silu"), plain / (1 + np.exp(-plain)))
+    np.testing.assert_array_equal(LINEAR.reference(x, w, b, activation="relu"), np.maximum(plain, 0))
+    np.testing.assert_allclose(LINEAR.reference(x, w, b, activation="silu"), plain / (1 + np.exp(-plain)))
 
 
 # -- torch agreement ------------------------------------------------------------------------------------
@@ -137,6 +137,47 @@ def test_linear_agrees_with_torch(device, rng, activation, bias):
                                                                         torch.from_numpy(w).double(), tb)).numpy()
     assert out.shape == want.shape
     assert rel_err(out, want) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_residual_agrees_with_torch(device, rng, activation, bias):
+    """``linear(x, w, b, residual=r)`` is ``act(F.linear(x, w, b) + r)`` (the residual before the
+    activation), with and without a bias (without one the kernels get ``x, w, r``), r a Tensor
+    that is a non-contiguous view on the device."""
+    torch = pytest.importorskip("torch")
+    skip_unless_dtype(device, "linear", "float32")
+    x, w, r = f32(rng, 3, 17, 45), f32(rng, 29, 45), f32(rng, 3, 17, 29)
+    b = f32(rng, 29) if bias else None
+    r_view = opr.tensor(np.ascontiguousarray(r.transpose(1, 0, 2)), device=device).permute(1, 0, 2)
+    for residual in (r, r_view):
+        out = opr.linear(x, w, b, activation=activation, residual=residual, device=device).numpy()
+        with torch.no_grad():
+            tb = None if b is None else torch.from_numpy(b).double()
+            y = torch.nn.functional.linear(torch.from_numpy(x).double(), torch.from_numpy(w).double(), tb)
+            want = _torch_act(torch, activation, y + torch.from_numpy(r).double()).numpy()
+        assert out.shape == want.shape
+        assert rel_err(out, want) <= TOLERANCE["float32"]
+
+
+def test_residual_of_the_wrong_shape_names_the_result_shape(rng):
+    with pytest.raises(ShapeError, match=r"residual must have the result's shape \(4, 3\).*got \(3,\).*opr.add"):
+        opr.linear(f32(rng, 4, 7), f32(rng, 3, 7), f32(rng, 3), residual=f32(rng, 3), device="cpu")
+    with pytest.raises(ShapeError, match=r"residual.*\(2, 4, 3\).*got \(4, 3\)"):
+        opr.linear(f32(rng, 2, 4, 7), f32(rng, 3, 7), residual=f32(rng, 4, 3), device="cpu")
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_zero_in_features_with_a_residual(device, rng, activation):
+    """K = 0: act(bias + residual), and act(residual) without a bias, from the frontend."""
+    skip_unless_dtype(device, "linear", "float32")
+    bias, r = f32(rng, 5), f32(rng, 3, 5)
+    x, w = np.zeros((3, 0), np.float32), np.zeros((5, 0), np.float32)
+    act = (lambda v: v) if activation is None else ACTIVATIONS[activation]
+    out = opr.linear(x, w, bias, activation=activation, residual=r, device=device)
+    np.testing.assert_allclose(out.numpy(), act(bias.astype(np.float64) + r), rtol=1e-6, atol=1e-7)
+    out = opr.linear(x, w, activation=activation, residual=r, device=device)
+    np.testing.assert_allclose(out.numpy(), act(r.astype(np.float64)), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("activation", EPILOGUES)
@@ -172,9 +213,10 @@ class _StandIn:
     name, kind, provider = "stand-in", "cuda", _StandInProvider()
 
 
-def _problem(x, w, bias, dtype, activation=None, strides=None, device=None) -> Problem:
-    shapes = [x, w] + ([(w[0],)] if bias else [])
-    norm = LINEAR.normalize(shapes, {"activation": activation})
+def _problem(x, w, bias, dtype, activation=None, strides=None, device=None, residual=None) -> Problem:
+    shapes = [x, w] + ([(w[0],)] if bias else []) + ([residual] if residual else [])
+    hidden = {"_residual_only": True} if residual and not bias else {}
+    norm = LINEAR.normalize(shapes, {"activation": activation, **hidden})
     strides = strides or tuple(c_strides(s) for s in norm.shapes)
     return Problem("linear", device or _StandIn(), norm.shapes, (dtype,) * len(shapes), strides, norm.attrs,
                    norm.out_shape, dtype)
@@ -218,6 +260,19 @@ def test_cublaslt_serves_every_epilogue_but_the_plain_gemm(monkeypatch, activati
     assert bool(linear.supports_cublaslt(_problem((8, 16), (4, 16), bias, "float16", activation))) is ok
     monkeypatch.setattr(linear, "nvmath_missing", lambda: "nvmath-python is not importable")
     assert not linear.supports_cublaslt(_problem((8, 16), (4, 16), True, "float16", "relu"))
+
+
+@pytest.mark.parametrize(("strides", "ok"), [(None, True), (((16, 1), (16, 1), (12, 1)), True),
+                                             (((16, 1), (16, 1), (1, 8)), False), (((16, 1), (16, 1), (2, 1)), False)])
+def test_cublaslt_takes_a_residual_as_c_when_its_rows_are_unit_stride(monkeypatch, strides, ok):
+    """A residual alone is an epilogue too (C with beta 1); its rows must be unit-stride and not
+    overlap (row stride >= N), else the own GEMMs and their pass serve it."""
+    from opruntime_cupy import linear
+
+    monkeypatch.setattr(linear, "nvmath_missing", lambda: "")
+    monkeypatch.setattr(linear, "supports_cublas", lambda p: True)
+    assert bool(linear.supports_cublaslt(_problem((8, 16), (4, 16), False, "float16", None, strides,
+                                                  residual=(8, 4)))) is ok
 
 
 def test_cuda_epilogue_variants_are_listed_for_ci():
@@ -289,7 +344,7 @@ def test_every_cuda_linear_kernel_config_and_activation(cp, rng, name):
                     if not kernel.supports(p):
                         continue
                     ref = LINEAR.reference(xh.astype(np.float64), wh.astype(np.float64),
-                                           bh.astype(np.float64) if bias else None, activation)
+                                           bh.astype(np.float64) if bias else None, activation=activation)
                     configs = kernel.candidates(p)
                     for cfg in configs[:2] if activation not in (None, "gelu") else configs:
                         out = kernel(p, cfg, *arrays)
@@ -301,4 +356,67 @@ def test_every_cuda_linear_kernel_config_and_activation(cp, rng, name):
     if name == "cublaslt" and not ran:
         pytest.skip(linear.nvmath_missing() or "cuBLASLt declined every case")
     assert ran > 0
+    assert not failures, "\n".join(failures[:20])
+
+
+#: (x, weight, residual layout): contiguous, rows strided past N (cuBLASLt's C with its own ld),
+#: off 16 bytes (the scalar pass / a smaller cuBLASLt alignment), transposed (copied for the pass,
+#: refused by cuBLASLt)
+RESIDUAL_SHAPES = [((67, 136), (61, 136), None), ((256, 128), (192, 128), "wide-rows"),
+                   ((130, 72), (264, 72), "offset"), ((33, 40), (24, 40), "transposed"), ((1, 64), (40, 64), None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cublas", "cublaslt", "simt", "simt_generic", "mma", "mma_generic", "wgmma",
+                                  "tma"])
+def test_every_cuda_linear_kernel_with_a_residual(cp, rng, name):
+    """``act(x @ w.T + bias + residual)``: cuBLASLt's C (beta 1) before its epilogue, the own
+    GEMMs and cuBLAS followed by one pass adding it; each kernel pinned, every config it offers
+    for the first shape, float32 / float16 / bfloat16, against the float64 reference."""
+    from opruntime_cupy import linear
+
+    kernel = next(k for k in linear.kernels() if k.name == f"cupy.linear.{name}")
+    dev = opr.Device("cuda:0")
+    ran, failures = 0, []
+    for dtype in ("float32", "float16", "bfloat16"):
+        if dtype not in kernel.dtypes or _np_dtype(dtype) is None:
+            continue
+        for xs, ws, layout in RESIDUAL_SHAPES:
+            m, n = xs[0], ws[0]
+            for activation in (None, "relu", "gelu", "gelu_tanh"):
+                for bias in (True, False):
+                    xh, wh = (rng.standard_normal(s).astype(_np_dtype(dtype)) for s in (xs, ws))
+                    bh = rng.standard_normal(n).astype(_np_dtype(dtype))
+                    rh = rng.standard_normal((m, n)).astype(_np_dtype(dtype))
+                    if layout == "wide-rows":
+                        rd = cp.zeros((m, n + 24), rh.dtype)[:, 8:8 + n]
+                        rd[...] = cp.asarray(rh)
+                    elif layout == "offset":
+                        rd = cp.asarray(np.concatenate([rh.ravel(), rh.ravel()[:1]]))[1:].reshape(m, n)
+                        rh = cp.asnumpy(rd)
+                    elif layout == "transposed":
+                        rd = cp.asarray(np.ascontiguousarray(rh.T)).T
+                    else:
+                        rd = cp.asarray(rh)
+                    arrays = [cp.asarray(xh), cp.asarray(wh)] + ([cp.asarray(bh)] if bias else []) + [rd]
+                    shapes = [xs, ws] + ([(n,)] if bias else []) + [(m, n)]
+                    attrs = {"activation": activation} | ({} if bias else {"_residual_only": True})
+                    norm = LINEAR.normalize(shapes, attrs)
+                    strides = tuple(tuple(s // a.dtype.itemsize for s in a.strides) for a in arrays)
+                    p = Problem("linear", dev, norm.shapes, (dtype,) * len(shapes), strides, norm.attrs,
+                                norm.out_shape, dtype)
+                    if not kernel.supports(p):
+                        continue
+                    ref = LINEAR.reference(*(a.astype(np.float64) for a in (xh, wh)),
+                                           bh.astype(np.float64) if bias else None, rh.astype(np.float64),
+                                           activation=activation)
+                    first = xs == RESIDUAL_SHAPES[0][0] and dtype == "float16"
+                    for cfg in kernel.candidates(p) if first else kernel.candidates(p)[:1]:
+                        out = kernel(p, cfg, *arrays)
+                        ran += 1
+                        assert out.shape == p.out_shape and out.dtype == arrays[0].dtype
+                        err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
+                        if not err <= TOLERANCE[dtype]:
+                            failures.append(f"{dtype} {xs}x{ws} {layout} bias={bias} {activation} {cfg}: {err:.2e}")
+    assert ran > 0 or name == "cublaslt" and linear.nvmath_missing()
     assert not failures, "\n".join(failures[:20])

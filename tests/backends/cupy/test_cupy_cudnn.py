@@ -507,5 +507,5 @@ def test_cublaslt_linear_on_misaligned_operands(cp, cuda, rng):
             assert kernel.supports(p)
             out = kernel(p, {}, *arrays)
             ref = lin.reference(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64) if bias else None,
-                                act)
+                                activation=act)
             assert rel_err(cp.asnumpy(out).astype(np.float64), ref) <= TOLERANCE[dtype], (dtype, act, bias)

@@ -29,8 +29,8 @@ def clean(findings) -> None:
     assert not bad, f"{len(bad)} conformance failure(s):\n{summary(bad)}"
 
 
-def _ln(x, n, activation=None, views=(), dtype="float32", bias=True) -> Case:
-    shapes = (x, (n, x[-1])) + (((n,),) if bias else ())
+def _ln(x, n, activation=None, views=(), dtype="float32", bias=True, residual=False) -> Case:
+    shapes = (x, (n, x[-1])) + (((n,),) if bias else ()) + (((*x[:-1], n),) if residual else ())
     return Case(shapes, {"activation": activation}, dtype, views, 1.0, (), "linear")
 
 
@@ -40,6 +40,10 @@ LINEAR = [
     _ln((33, 20), 11, "gelu", views=("T", "T")),  # a transposed weight: read in place (W.T's rows)
     _ln((41, 19), 13, "gelu_tanh", views=("slice", "slice")),
     _ln((3, 4), 6, None, bias=False),
+    # a residual: copied into each block's rows, the block's GEMM adding to it (beta 1)
+    *(_ln((37, 29), 23, act, dtype=dt, residual=True) for act in ACTIVATIONS for dt in ("float32", "float64")),
+    _ln((2, 3, 17), 9, "relu", views=("slice", None, None, "T"), residual=True),
+    _ln((1, 7), 5, "gelu", residual=True), _ln((4, 0), 3, "silu", residual=True),
 ]
 
 
@@ -69,7 +73,7 @@ def test_linear_epilogue_special_values(monkeypatch, dtype, activation, bias):
                                         activation=activation)
     for config in linear.NUMBA_CONFIGS:
         out = linear.prepare_numba(problem, config)(x, w, *([b] if bias else []))
-        ref = OPS["linear"].reference(x, w, b, activation)
+        ref = OPS["linear"].reference(x, w, b, activation=activation)
         assert rel_err(out, ref) <= TOLERANCE[dtype], (config, out, ref)
 
 
