@@ -122,17 +122,29 @@ class Tensor:
             ShapeError: the sizes differ.
             AttributeValueError: a dim that is not an int >= -1, or two -1.
         """
-        new = _reshape_target("reshape", self.shape, shape[0] if len(shape) == 1 and not _is_int(shape[0])
-                              else shape)
-        if new == self.shape:
+        have = self._data.shape
+        plain = _plain(shape)  # a view's validation is kept per (shape, ints): a model repeats its views
+        new = _VIEWS_get(("reshape", have, shape)) if plain else None
+        if new is None:
+            new = _reshape_target("reshape", tuple(have), shape[0] if len(shape) == 1 and not _is_int(shape[0])
+                                  else shape)
+            if plain:
+                _remember(("reshape", have, shape), new)
+        if new == have:
             return self
         return Tensor._wrap(self._device.provider.reshape(self._data, new), self._device)
 
     def permute(self, *dims: int | Sequence[int]) -> Tensor:
         """The dims reordered: result dim ``i`` is dim ``dims[i]`` (a permutation of all dims,
         negative ones counted from the end; ints or one tuple), as ``torch.permute``. A view."""
-        axes = _permutation("permute", self.ndim, dims[0] if len(dims) == 1 and not _is_int(dims[0]) else dims)
-        if axes == tuple(range(self.ndim)):
+        ndim = len(self._data.shape)
+        plain = _plain(dims)
+        axes = _VIEWS_get(("permute", ndim, dims)) if plain else None
+        if axes is None:
+            axes = _permutation("permute", ndim, dims[0] if len(dims) == 1 and not _is_int(dims[0]) else dims)
+            if plain:
+                _remember(("permute", ndim, dims), axes)
+        if axes == _IDENTITY[ndim]:
             return self
         return Tensor._wrap(self._device.provider.permute(self._data, axes), self._device)
 
@@ -160,13 +172,24 @@ class Tensor:
         """Basic indexing, as NumPy's: ints (negative from the end), slices with a step >= 1,
         ``...`` and ``None`` (a new size-1 dim). A view. Advanced (integer array) and boolean
         indexing, and negative steps, raise :class:`~opruntime.errors.IndexingError`."""
-        entries, view_shape, out_shape = _basic_index(self.shape, index)
-        data = self._data
-        if view_shape != self.shape or any(e.__class__ is not slice for e in entries):
-            data = self._device.provider.getitem(data, entries)
-        elif out_shape == self.shape:
-            return self  # everything selected
-        if out_shape != view_shape:  # None entries: size-1 dims, always a view
+        shape = self._data.shape
+        plain = index.__class__ is int or index.__class__ is tuple and _plain(index, _INDEX_KINDS)
+        plan = _VIEWS_get(("index", shape, index)) if plain else None
+        if plan is None:
+            entries, view_shape, out_shape = _basic_index(tuple(shape), index)
+            if view_shape != shape or any(e.__class__ is not slice for e in entries):
+                plan = (entries, None if out_shape == view_shape else out_shape)
+            elif out_shape == shape:
+                plan = ()  # everything selected
+            else:
+                plan = (None, out_shape)  # None entries only: size-1 dims, a view
+            if plain:
+                _remember(("index", shape, index), plan)
+        if not plan:
+            return self
+        entries, out_shape = plan
+        data = self._data if entries is None else self._device.provider.getitem(self._data, entries)
+        if out_shape is not None:
             data = self._device.provider.reshape(data, out_shape)
         return Tensor._wrap(data, self._device)
 
@@ -272,6 +295,30 @@ def _operator(name: str) -> Any:
 
 
 # -- validating views ---------------------------------------------------------------------------------
+#: a view's validated, normalised arguments by (kind, shape or ndim, arguments as given), for
+#: arguments of plain ints (:func:`_plain`): a model repeats the same views on every call, and
+#: their checks cost more than the view itself
+_VIEWS: dict[tuple, Any] = {}
+_VIEWS_get = _VIEWS.get
+_IDENTITY = [tuple(range(n)) for n in range(65)]
+_INDEX_KINDS = frozenset({int, type(None), type(Ellipsis)})
+
+
+def _plain(args: tuple, kinds: frozenset = frozenset({int})) -> bool:
+    """Whether ``args`` holds only objects of exactly these classes (ints: not bools or floats,
+    which hash as the ints they equal and must still be refused): a key for :data:`_VIEWS`."""
+    for a in args:
+        if a.__class__ not in kinds:
+            return False
+    return True
+
+
+def _remember(key: tuple, value: Any) -> None:
+    if len(_VIEWS) >= 4096:
+        _VIEWS.clear()
+    _VIEWS[key] = value
+
+
 def _is_int(x: Any) -> bool:
     return x.__class__ is int or isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 

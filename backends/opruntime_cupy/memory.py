@@ -159,7 +159,7 @@ class CudaDevice(DeviceProvider):
 
     def getitem(self, data: Any, index: tuple[int | slice, ...]) -> Any:
         n, shape = len(index), data.shape  # trailing whole-dim slices left out: CuPy pays per entry
-        while n and index[n - 1].__class__ is slice and index[n - 1] == slice(0, shape[n - 1], 1):
+        while n and (e := index[n - 1]).__class__ is slice and e.start == 0 and e.step == 1 and e.stop == shape[n - 1]:
             n -= 1
         return data[(*index[:n], Ellipsis)]
 

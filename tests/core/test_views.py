@@ -328,3 +328,23 @@ def test_the_conformance_suite_catches_wrong_view_hooks():
     assert "concat axis 1 (contiguous, strided, size 0): gave shape" in found
     assert "concat: the result shares memory with an operand" in found
     assert "reshape (24, 5)" not in found and "permute (2, 0, 1)" not in found  # the defaults are right
+
+
+def test_a_view_checked_once_still_refuses_what_equals_its_ints():
+    """Views keep their validated arguments per (shape, ints): True, 1.0 and np.int64(1) hash as 1,
+    yet bools and floats are refused after t[1] / t.reshape(1, ...) ran, and a NumPy int still
+    works (checked, not taken from the ints' entry)."""
+    t = opr.tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    for _ in range(2):  # the second time from the kept entry
+        np.testing.assert_array_equal(t[1].numpy(), np.arange(12, 24).reshape(3, 4))
+        assert t.reshape(1, 6, 4).shape == (1, 6, 4) and t.permute(1, 0, 2).shape == (3, 2, 4)
+        assert t[1, None, ...].shape == (1, 3, 4)
+    for bad in (lambda: t[True], lambda: t[1.0], lambda: t[1, True]):
+        with pytest.raises(IndexingError):
+            bad()
+    for bad in (lambda: t.reshape(True, 6, 4), lambda: t.reshape(1.0, 6, 4), lambda: t.permute(1.0, 0, 2),
+                lambda: t.permute(True, 0, 2)):
+        with pytest.raises(AttributeValueError):
+            bad()
+    np.testing.assert_array_equal(t[np.int64(1)].numpy(), t[1].numpy())
+    assert t.reshape(np.int64(1), 6, 4).shape == (1, 6, 4)
