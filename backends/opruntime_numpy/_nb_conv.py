@@ -43,10 +43,13 @@ weight over the padding gives NaN). float32 and float64 natively; the launchers 
 **Compile time.** The convolution entry points (depthwise wide / strided, direct) compile
 separately, each on its own first use; they apply only the bias and ReLU themselves (:data:`FUSED`:
 the exp / erfc polynomials of the other activations would be compiled into every loop). The
-depthwise loops are plain ``nogil`` loops over a range of tasks that the launcher runs on Python
-threads, not ``parallel=True``: a ``prange`` region compiled the same loops a second time
-(measured on the depthwise loop: 1.31 s parallel, 0.58 s plain, its helpers compiled apart); the
-direct loop runs on numba's threads through :func:`par_direct`, which calls it by address.
+depthwise loops are plain ``nogil`` loops over a range of tasks, not ``parallel=True``: a
+``prange`` region compiled the same loops a second time (measured on the depthwise loop: 1.31 s
+parallel, 0.58 s plain, its helpers compiled apart); they and the direct loop run on numba's
+threads through :func:`par_depthwise` / :func:`par_direct`, which call them by address. (The
+depthwise loops ran on Python threads: with a padded plane allocated per task, two threads took
+as long as one, 1.2 ms on the cpu suite's 8 x 64 x 56 x 56; allocated once per range, 3x3 in one
+pass and on numba's threads, 0.5-0.65 ms; first use 0.98 -> 1.61 s, the wrapper included.)
 
 A first use's compile time goes mostly by the count of functions and of distinct typed operations
 compiled, each with a fixed cost (numba's typing and lowering, an LLVM module: 0.07-0.15 s for the
@@ -220,27 +223,53 @@ def _zero(a):
 
 
 @njit(**OPTIONS)
-def depthwise_wide(x, w, bias, out, dh, dw, pt, pl, hp, wp, code, first, last):
-    """Depthwise conv2d (groups == C, ``O = C * mult``) with stride 1: ``x`` (N, C, H, W) any
-    strides, ``w`` (O, kh, kw), ``bias`` (O,) or size 0, ``out`` (N, O, Ho, Wo) C-contiguous; each
-    output plane computed wide (:func:`_wide_row`), then cropped with the bias and activation
-    ``code`` (:data:`FUSED`). One task per (image, channel), tasks ``first:last``."""
+def _wide_3x3(acc, flat, wk, off_y, off_x):
+    """A 3x3 kernel ``wk`` into the wide plane in one pass: ``acc[k]`` is the sum of the nine
+    taps' products (rows ``off_y`` apart in ``flat``, columns ``off_x``), one store per value
+    (where three passes of three taps read and wrote ``acc`` three times). Summed as
+    :func:`_wide_row` sums them (each kernel row's three, the rows in order): the same values."""
+    n = acc.shape[0]
+    w00, w01, w02 = wk[0, 0], wk[0, 1], wk[0, 2]
+    w10, w11, w12 = wk[1, 0], wk[1, 1], wk[1, 2]
+    w20, w21, w22 = wk[2, 0], wk[2, 1], wk[2, 2]
+    a, b = off_y, 2 * off_y
+    s00, s01, s02 = flat[0:n], flat[off_x:off_x + n], flat[2 * off_x:2 * off_x + n]
+    s10, s11, s12 = flat[a:a + n], flat[a + off_x:a + off_x + n], flat[a + 2 * off_x:a + 2 * off_x + n]
+    s20, s21, s22 = flat[b:b + n], flat[b + off_x:b + off_x + n], flat[b + 2 * off_x:b + 2 * off_x + n]
+    for k in range(n):
+        acc[k] = ((w00 * s00[k] + w01 * s01[k] + w02 * s02[k]) + (w10 * s10[k] + w11 * s11[k] + w12 * s12[k])) \
+            + (w20 * s20[k] + w21 * s21[k] + w22 * s22[k])
+
+
+@njit(**OPTIONS)
+def depthwise_wide(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code, first, last):
+    """Depthwise conv2d (groups == C, ``O = C * mult``) with stride 1 (``sh``, ``sw`` unused: the
+    signature of :func:`depthwise_rows`, so that one :func:`par_depthwise` runs both): ``x``
+    (N, C, H, W) any strides, ``w`` (O, kh, kw), ``bias`` (O,) or size 0, ``out`` (N, O, Ho, Wo)
+    C-contiguous; each output plane computed wide (3x3: :func:`_wide_3x3`, else
+    :func:`_wide_row` per kernel row), then cropped with the bias and activation ``code``
+    (:data:`FUSED`). One task per (image, channel), tasks ``first:last``; the padded plane and the
+    wide plane are allocated once per range (a plane's padding stays zero: :func:`_pad` writes
+    only its interior): allocated per task, two threads ran no faster than one."""
     c_in = x.shape[1]
     o_out, kh, kw = w.shape
     ho = out.shape[2]
     mult = o_out // c_in
     has_bias = bias.shape[0] > 0
+    flat = np.zeros(hp * wp + (kw - 1) * dw, x.dtype)
+    acc = np.empty(ho * wp, x.dtype)
     for t in range(first, last):
         n = t // c_in
         c = t % c_in
-        flat = np.zeros(hp * wp + (kw - 1) * dw, x.dtype)
         _pad(flat, x[n, c], pt, pl, wp)
-        acc = np.empty(ho * wp, x.dtype)
         for m in range(mult):
             o = c * mult + m
-            _zero(acc)
-            for i in range(kh):
-                _wide_row(acc, flat, w[o, i], i * dh * wp, dw)
+            if kh == 3 and kw == 3:
+                _wide_3x3(acc, flat, w[o], dh * wp, dw)
+            else:
+                _zero(acc)
+                for i in range(kh):
+                    _wide_row(acc, flat, w[o, i], i * dh * wp, dw)
             _crop(out[n, o], acc, wp, bias[o] if has_bias else x.dtype.type(0.0), code)
 
 
@@ -252,10 +281,10 @@ def depthwise_rows(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code, first,
     ho, wo = out.shape[2], out.shape[3]
     mult = o_out // c_in
     has_bias = bias.shape[0] > 0
+    flat = np.zeros(hp * wp, x.dtype)
     for t in range(first, last):
         n = t // c_in
         c = t % c_in
-        flat = np.zeros(hp * wp, x.dtype)
         _pad(flat, x[n, c], pt, pl, wp)
         for m in range(mult):
             o = c * mult + m
@@ -1422,6 +1451,14 @@ def par_batch(fn, x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo
     for p in prange(pieces):
         fn(x, w2, cols, bias, out, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, mb, code,
            tasks * p // pieces, tasks * (p + 1) // pieces)
+
+
+@njit(**WRAPPER)
+def par_depthwise(fn, x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code, tasks, pieces):
+    """:func:`depthwise_wide` or :func:`depthwise_rows` (``fn``) over ``tasks`` tasks cut into
+    ``pieces`` ranges, in parallel."""
+    for p in prange(pieces):
+        fn(x, w, bias, out, sh, sw, dh, dw, pt, pl, hp, wp, code, tasks * p // pieces, tasks * (p + 1) // pieces)
 
 
 @njit(**WRAPPER)

@@ -352,8 +352,14 @@ def split(tasks: int, flops: float) -> Any:
     return run
 
 
+#: ranges of (image, channel) tasks per thread of ``numba_depthwise`` (cut evenly: see prepare_numba)
+DEPTHWISE_PIECES = 1
+
+
 def prepare_numba(problem: Problem, config: Any) -> Any:
-    """The launcher of ``numpy.conv2d.numba_depthwise``."""
+    """The launcher of ``numpy.conv2d.numba_depthwise``: the loops on numba's threads, one range of
+    tasks each, through :func:`._nb_conv.par_depthwise` (by address). On Python threads (the pool
+    of :func:`split`) two threads ran the cpu suite's 8 x 64 x 56 x 56 no faster than one."""
     nb, code, fused = _loops(problem)
     (sh, sw), (dh, dw) = problem.attrs["stride"], problem.attrs["dilation"]
     pt, pb, pl, pr = problem.attrs["padding"]
@@ -362,7 +368,8 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
     hp, wp = h + pt + pb, wd + pl + pr
     dt = compute_dtype(problem.dtype)
     wide = sh == sw == 1  # each specialization compiles on its own first use
-    spread = split(problem.out_shape[0] * problem.shapes[0][1], _flops(problem))
+    tasks = problem.out_shape[0] * problem.shapes[0][1]
+    pieces = 1 if _flops(problem) < SERIAL_FLOPS else max(1, min(tasks, jit.threads() * DEPTHWISE_PIECES))
 
     @np.errstate(over="ignore", invalid="ignore")
     def launch(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -370,10 +377,12 @@ def prepare_numba(problem: Problem, config: Any) -> Any:
         w = np.ascontiguousarray(w, dt)
         b = np.zeros(0, dt) if bias is None else np.ascontiguousarray(bias, dt)
         out = buffers.empty(problem.out_shape, dt)
-        if wide:
-            spread(nb.depthwise_wide, x, w.reshape(o, kh, kw), b, out, dh, dw, pt, pl, hp, wp, fused)
+        loop = nb.depthwise_wide if wide else nb.depthwise_rows
+        args = (x, w.reshape(o, kh, kw), b, out, sh, sw, dh, dw, pt, pl, hp, wp, fused)
+        if pieces == 1:
+            loop(*args, 0, tasks)
         else:
-            spread(nb.depthwise_rows, x, w.reshape(o, kh, kw), b, out, sh, sw, dh, dw, pt, pl, hp, wp, fused)
+            jit.call(nb.par_depthwise, nb.task(loop, *args), *args, tasks, pieces)
         _activate_rest(out, b, code, fused)
         return out.astype(problem.dtype, copy=False)
 

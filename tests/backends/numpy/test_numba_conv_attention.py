@@ -7,7 +7,8 @@ the float64 references through the conformance suite's runner.
   block, decode steps (L = 1), and both launch paths (one thread for few flops, one range of
   tasks per thread otherwise); scipy's BLAS thread count restored after the call;
 * conv2d: the four numba entry points (depthwise / direct, stride 1 (wide) / strided), ReLU fused
-  and the other activations as a second pass, dilation, channel multipliers;
+  and the other activations as a second pass, dilation, channel multipliers; depthwise problems
+  large enough for numba's threads (3x3 in one pass, other kernels, strided);
 * linear: the bias through the GEMM's beta (large problems), strided and transposed operands.
 """
 
@@ -150,6 +151,11 @@ CONV = cases(
     _cv((1, 4, 16, 16), (6, 2, 3, 3), groups=2, stride=(1, 2), bias=False),  # direct strided, grouped
     _cv((2, 3, 18, 18), (4, 3, 5, 5), padding=2, views=("slice", "T")),  # strided operands
     _cv((1, 2, 1, 1), (2, 1, 1, 1), groups=2),
+    # depthwise on numba's threads (2e6 flops and more), ranges of planes sharing one padded plane:
+    _cv((4, 16, 48, 53), (16, 1, 3, 3), padding=1, groups=16, activation="relu"),  # 3x3 in one pass
+    _cv((3, 8, 61, 57), (16, 1, 3, 3), padding=(2, 1), dilation=(2, 1), groups=8),  # 3x3 dilated, multiplier 2
+    _cv((2, 12, 45, 50), (12, 1, 5, 5), padding=2, groups=12, views=("slice", None)),  # 5x5 by rows of taps
+    _cv((4, 16, 91, 88), (16, 1, 3, 3), stride=2, padding=1, groups=16, bias=False),  # strided
 )
 
 

@@ -1,4 +1,4 @@
-"""First use of the cpu GEMM convolutions (issue 16: compiled on first use, cached across
+"""First use of the cpu GEMM and depthwise convolutions (issue 16: compiled on first use, cached across
 processes): the parallel wrappers call their loops by address (``_nb_conv.task``), and a later
 process loads every piece (the loops, the wrappers typed with a first-class function) from the
 disk cache instead of compiling."""
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-KERNELS = ("numba_gemm", "numba_im2col", "numba_batch", "numba_winograd", "numba_direct")
+KERNELS = ("numba_gemm", "numba_im2col", "numba_batch", "numba_winograd", "numba_direct", "numba_depthwise")
 #: Winograd's tile size the cost model does not pick for the test's problem, run through its launcher
 OTHER = ("numba_winograd_tile2", "numba_winograd_tile4")
 
@@ -31,6 +31,11 @@ def _first_uses(cache: str) -> dict[str, float]:
             with opr.override(ops={"conv2d": {"kernel": "numpy.conv2d." + k}}, strict=True):
                 opr.conv2d(x, w, w[:, 0, 0, 0], stride=stride, padding=1, activation="relu")
             print(k, jit.COMPILE_S["numpy.conv2d." + k])
+        # depthwise on numba's threads (2e6 flops and more: its parallel wrapper too)
+        xd = rng.standard_normal((4, 16, 48, 53)).astype(np.float32)
+        with opr.override(ops={"conv2d": {"kernel": "numpy.conv2d.numba_depthwise"}}, strict=True):
+            opr.conv2d(xd, w[:, :1].repeat(2, 0), padding=1, groups=16)
+        print("numba_depthwise", jit.COMPILE_S["numpy.conv2d.numba_depthwise"])
         # Winograd's other tile size (each is its own loop): a problem its cost model gives the other
         from opruntime.ops.conv import CONV2D
         from opruntime.plugins import registry
