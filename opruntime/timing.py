@@ -31,6 +31,29 @@ def back_to_back(call: Callable[[], Any], sync: Callable[[], Any], reps: int) ->
 Timed = tuple[Callable[[], Any], Callable[[], Any]]  # (call, sync)
 
 
+#: seconds a host device's batch waits, untimed, before it starts (:func:`settle`): numba's OpenMP
+#: workers keep spinning for up to about 0.5 ms after a parallel call (measured on the 2-core CI
+#: machine: ONNX Runtime's depthwise conv took 1.55 ms alone, 2.2-3.0 ms straight after ours, and
+#: was unaffected 0.5 ms later), taking a core from whoever runs next
+HOST_SETTLE_S = 1e-3
+
+
+def settle(provider: Any) -> Callable[[], None]:
+    """The untimed wait before each batch of :func:`measure_rounds` on ``provider``'s device: its
+    synchronize, and on a host device (no accelerator) a pause of :data:`HOST_SETTLE_S` in which
+    the previous contender's spinning worker threads go to sleep, so that no batch runs on cores
+    another runtime still holds."""
+    sync = provider.synchronize
+    if getattr(provider, "accelerator", True):
+        return sync
+
+    def idle() -> None:
+        sync()
+        time.sleep(HOST_SETTLE_S)
+
+    return idle
+
+
 def measure_rounds(contenders: Mapping[str, Timed], repeats: int = 15, batch_s: float = 2e-3,
                    idle: Callable[[], Any] | None = None,
                    deadline: float = math.inf) -> tuple[dict[str, list[float]], dict[str, str]]:

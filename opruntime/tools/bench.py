@@ -36,7 +36,7 @@ from opruntime.ops import FUNCTIONS, OPS
 from opruntime.ops.base import Case, Operator, wide
 from opruntime.selector import Candidate, plans
 from opruntime.tensor import Tensor
-from opruntime.timing import Timed, measure, measure_rounds, paired_ratio
+from opruntime.timing import Timed, measure, measure_rounds, paired_ratio, settle
 
 from . import output
 from . import peers as peer_libraries
@@ -177,7 +177,7 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool | S
     for name, timed in peer_libraries.contenders(op, case, host, device, datas[0], peers, res.bytes).items():
         contenders[f"peer:{name}"] = timed
     samples, errors = measure_rounds(contenders, max(repeats, KERNEL_ROUNDS) if kernels else repeats,
-                                     idle=prov.synchronize)
+                                     idle=settle(prov))
     if "opruntime" in errors:
         res.error = errors["opruntime"]
         return res

@@ -47,7 +47,7 @@ import numpy as np
 from opruntime.capture import capture
 from opruntime.devices import Device
 from opruntime.tensor import tensor
-from opruntime.timing import Timed, measure_rounds, paired_ratio
+from opruntime.timing import Timed, measure_rounds, paired_ratio, settle
 from opruntime.trace import trace
 
 from . import peers as peer_libraries
@@ -153,7 +153,7 @@ def run_case(case: ModelCase, device: Device, *, repeats: int = 15, peers: Seque
     except Exception as exc:
         res.error = f"{type(exc).__name__}: {exc}"
         return res
-    samples, errors = measure_rounds(contenders, repeats, idle=prov.synchronize)
+    samples, errors = measure_rounds(contenders, repeats, idle=settle(prov))
     if "opruntime" in errors:
         res.error = errors["opruntime"]
         return res

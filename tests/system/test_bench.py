@@ -55,6 +55,28 @@ def result(gap_pairs: dict[str, float], problem="8x8") -> bench.Result:
     return r
 
 
+def test_settle_pauses_between_batches_on_a_host_device_only(monkeypatch):
+    """A host device's batches start after a pause (the previous contender's spinning worker
+    threads go to sleep: numba's OpenMP workers slowed the peer run after them by up to 2x on 2
+    cores); an accelerator's start at its synchronize."""
+    calls, pauses = [], []
+    monkeypatch.setattr(timing.time, "sleep", pauses.append)
+
+    class Host:
+        accelerator = False
+
+        def synchronize(self):
+            calls.append("sync")
+
+    class Gpu(Host):
+        accelerator = True
+
+    timing.settle(Host())()
+    assert calls == ["sync"] and pauses == [timing.HOST_SETTLE_S] and timing.HOST_SETTLE_S >= 5e-4
+    timing.settle(Gpu())()
+    assert calls == ["sync", "sync"] and len(pauses) == 1
+
+
 def test_selection_summary_counts_cases_over_two_percent():
     fine, close, over = result({"k.b": 1.2}, "a"), result({"k.b": 0.99}, "b"), result({"k.b": 0.95, "k.c": 1.1}, "c")
     assert fine.selection_gap == 0.0 and close.selection_gap == pytest.approx(1 / 0.99 - 1)
