@@ -15,6 +15,9 @@ class StandInProvider:
 
         return memory.figures_for("NVIDIA H100 80GB HBM3", self.sm_count)
 
+    def reshape(self, data, shape):  # the frontend's view of an operand (host arrays stand in here)
+        return data.reshape(shape)
+
 
 class StandInDevice:
     """A device whose name no kernel could parse: kernels must read ``provider`` only."""
