@@ -66,17 +66,24 @@ class OpenCLDevice(DeviceProvider):
         self._copies: dict[int, cl_compile.Launch] = {}
         self._copies_into: dict[int, cl_compile.Launch] = {}
         self._launch_lock = threading.Lock()
+        self._context_lock = threading.Lock()
 
     # -- context ----------------------------------------------------------------------------
     @property
     def context(self) -> Any:
+        """The device's one context (with its queue and memory pool), made on first use. Made
+        under a lock: threads whose first calls race would otherwise each make a context, and a
+        buffer of one reaching a kernel of another fails (INVALID_MEM_OBJECT)."""
         if self._ctx is None:
             import pyopencl as cl
             import pyopencl.tools
 
-            self._ctx = cl.Context([self.cl_device])
-            self._queue = cl.CommandQueue(self._ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
-            self._pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self._queue))
+            with self._context_lock:
+                if self._ctx is None:
+                    ctx = cl.Context([self.cl_device])
+                    self._queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+                    self._pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self._queue))
+                    self._ctx = ctx  # last: a thread that sees it sees the queue and the pool too
         return self._ctx
 
     @property

@@ -540,3 +540,36 @@ def test_copy_into_a_view_of_more_dims_than_the_copy_kernel_takes(ocl):
     want = np.zeros((4,) * 9, np.float32)
     want[every_other] = host[every_other]
     np.testing.assert_array_equal(prov.to_host(big), want)
+
+
+def test_threads_racing_to_the_first_use_share_one_context(ocl, monkeypatch):
+    """A device's context, queue and pool are made once even when 8 threads make their first call
+    at the same moment (each had made its own before: on NVIDIA's OpenCL a buffer of one context
+    then reached a kernel of another, INVALID_MEM_OBJECT). The context takes 20 ms to make here,
+    as a driver's may, so the threads do race."""
+    import time
+
+    import pyopencl as cl
+
+    make = cl.Context
+
+    def slow_context(*args, **kwargs):
+        time.sleep(0.02)
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(cl, "Context", slow_context)
+    fresh = memory.OpenCLDevice(99, ocl.provider.cl_device)
+    barrier, seen = threading.Barrier(8), []
+
+    def first_use():
+        barrier.wait(timeout=60)
+        seen.append((fresh.context, fresh.queue))
+
+    threads = [threading.Thread(target=first_use) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(seen) == 8 and len({id(c) for c, _ in seen}) == 1 and len({id(q) for _, q in seen}) == 1
+    out = fresh.empty((4,), np.float32)
+    assert out.context == fresh.context
