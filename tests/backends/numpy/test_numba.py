@@ -219,6 +219,58 @@ def test_pool_nan_and_inf(op):
     assert rel_err(out, ref) <= TOLERANCE["float32"]
 
 
+POOL_GEOMETRIES = [  # output heights across _nb_pool.RB (8): one block, a part, several; stride 2 and not
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 0)),
+    dict(kernel_size=(3, 2), stride=(3, 1), padding=(1, 1)),
+    dict(kernel_size=1, stride=1),
+    dict(kernel_size=(5, 4), stride=(2, 3), padding=2, ceil_mode=True),
+]
+
+
+@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
+@pytest.mark.parametrize("hw", [(1, 1), (2, 19), (17, 16), (40, 9), (33, 40)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pool_row_blocks(op, hw, dtype):
+    """Pinned to the numba kernel over several blocks of output rows and every geometry that fits
+    (strides 1-3, dilation for max, count_include_pad for avg): random values with a NaN and
+    infinities, a non-contiguous input (every other column of a wider array), against the float64
+    reference."""
+    rng = np.random.default_rng()
+    h, w = hw
+    wide = rng.standard_normal((2, 3, h, 2 * w)).astype(dtype)
+    x = wide[..., ::2]
+    if h * w > 2:
+        x[0, 1, h // 2, w // 2], x[1, 2, 0, w - 1], x[1, 0, h - 1, 0] = np.nan, np.inf, -np.inf
+    variants = [{}, {"dilation": 2}] if op == "max_pool2d" else [{}, {"count_include_pad": False}]
+    ran = 0
+    for geometry in POOL_GEOMETRIES:
+        for extra in variants:
+            attrs = dict(geometry, **extra)
+            k = np.broadcast_to(attrs["kernel_size"], 2)
+            d = np.broadcast_to(attrs.get("dilation", 1), 2)
+            p = np.broadcast_to(attrs.get("padding", 0), 2)
+            if (d * (k - 1) + 1 > np.array(hw) + 2 * p).any() or (2 * p > k).any():
+                continue  # a window larger than the padded input, or padding past half the window
+            with pinned(f"numpy.{op}.numba"):
+                out = getattr(opr, op)(x, **attrs).numpy()
+            ref = OPS[op].reference(x.astype(np.float64), **attrs)
+            assert out.shape == ref.shape, attrs
+            assert np.array_equal(np.isnan(out), np.isnan(ref)), attrs
+            assert rel_err(out, ref) <= TOLERANCE[dtype], attrs
+            ran += 1
+    assert ran >= (2 if hw == (1, 1) else 6)
+
+
+@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
+def test_pool_empty_batch(op):
+    x = np.zeros((0, 3, 9, 10), np.float32)
+    with pinned(f"numpy.{op}.numba"):
+        out = getattr(opr, op)(x, kernel_size=3, stride=2, padding=1).numpy()
+    assert out.shape == (0, 3, 5, 5)
+
+
 def test_attention_masked_rows_nan_mask_and_blocks():
     """Over several query and key blocks: a row with every key masked gives zeros, a NaN in an
     additive mask a NaN row, GQA heads and broadcast batches read in place; pinned."""
