@@ -30,10 +30,14 @@ def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
     pt, pb, pl, pr = at["padding"]
     precision, act = matmul_precision(problem.dtype), at.get("activation")
 
-    # XLA's float64 convolution on the CPU skips the padded taps (an inf weight there gives a finite
-    # value where the float64 reference has 0 * inf = NaN): float64 pads explicitly, then convolves
-    # with no padding; the other dtypes pad inside the convolution (no extra pass over the input).
-    explicit = problem.dtype == "float64" and any(at["padding"])
+    # XLA's convolutions skip the padded taps (an inf or NaN weight there gives a finite value
+    # where the float64 reference has 0 * inf = NaN): float64 on the CPU pads explicitly, then
+    # convolves with no padding (the other CPU dtypes multiply the padding in); on GPUs (cuDNN, every
+    # dtype, and an explicit pad is folded back into the convolution) the outputs whose window
+    # holds a non-finite tap over the padding are found apart and set to NaN (:func:`_padding_nans`).
+    on_cpu = getattr(problem.device.provider, "platform", "cpu") == "cpu"
+    explicit = on_cpu and problem.dtype == "float64" and any(at["padding"])
+    marked = not on_cpu and any(at["padding"])
     padding = ((0, 0), (0, 0)) if explicit else ((pt, pb), (pl, pr))
 
     def conv(x: Any, w: Any, bias: Any = None) -> Any:
@@ -42,9 +46,30 @@ def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
         out = lax.conv_general_dilated(
             x, w, window_strides=at["stride"], padding=padding, rhs_dilation=at["dilation"],
             dimension_numbers=DIMENSION_NUMBERS, feature_group_count=at["groups"], precision=precision)
+        if marked:
+            out = _padding_nans(out, x.shape, w, at)
         return activate(act, out if bias is None else out + bias.reshape(1, -1, 1, 1))
 
     return conv
+
+
+def _padding_nans(out: Any, x_shape: tuple[int, ...], w: Any, at: Mapping[str, Any]) -> Any:
+    """``out`` with NaN where a non-finite weight tap meets the zero padding (``0 * inf`` and
+    ``0 * nan`` are NaN in the reference; cuDNN skips those taps). The padding's indicator (one
+    image, one channel: 1 over the padding, 0 over the data) convolved with each output channel's
+    non-finite taps (any over its input channels: the padding is the same in every channel) counts,
+    per output position, the non-finite taps over padding: a small convolution of 0 / 1 values
+    (exact), and one select over the output."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    pt, pb, pl, pr = at["padding"]
+    h, wd = x_shape[2:]
+    bad = jnp.any(~jnp.isfinite(w), axis=1, keepdims=True).astype(jnp.float32)  # (K, 1, kh, kw)
+    edge = jnp.pad(jnp.zeros((1, 1, h, wd), jnp.float32), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=1.0)
+    hits = lax.conv_general_dilated(edge, bad, window_strides=at["stride"], padding=((0, 0), (0, 0)),
+                                    rhs_dilation=at["dilation"], dimension_numbers=DIMENSION_NUMBERS)
+    return jnp.where(hits > 0, jnp.asarray(jnp.nan, out.dtype), out)
 
 
 #: Every extent (dimension, stride, padding, dilation, padded or dilated size) must be below this:

@@ -636,3 +636,36 @@ def test_jax_does_not_reserve_the_gpu_for_itself():
            "print(os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "true"
+
+
+@pytest.mark.parametrize("attrs", [
+    {"padding": (1, 1, 1, 1), "stride": (1, 1), "dilation": (1, 1), "groups": 1},
+    {"padding": (2, 2, 2, 2), "stride": (2, 2), "dilation": (1, 1), "groups": 1},
+    {"padding": (2, 2, 2, 2), "stride": (1, 1), "dilation": (2, 2), "groups": 1},
+    {"padding": (0, 0, 2, 2), "stride": (1, 1), "dilation": (1, 1), "groups": 1},
+    {"padding": (1, 1, 1, 1), "stride": (1, 1), "dilation": (1, 1), "groups": 2}], ids=str)
+@pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan], ids=["inf", "-inf", "nan"])
+def test_padding_nans_mark_where_a_skipped_padded_tap_is_non_finite(attrs, special):
+    """On GPUs XLA's convolution skips the padded taps; ``_padding_nans`` puts back the NaN of
+    ``0 * inf`` exactly where the explicitly padded convolution has it (here on the CPU: a
+    convolution told the padding, against one given the padded input)."""
+    import jax.numpy as jnp
+    from jax import lax
+    from opruntime_jax import conv as jconv
+
+    rng = np.random.default_rng(0)
+    g = attrs["groups"]
+    x = rng.uniform(0.5, 2.0, (2, 2, 6, 7)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, (2, 2 // g, 3, 3)).astype(np.float32)
+    w[0, 0, 0, 0] = special
+    w[1, -1, 2, 1] = special
+    pt, pb, pl, pr = attrs["padding"]
+    args = dict(window_strides=attrs["stride"], rhs_dilation=attrs["dilation"],
+                dimension_numbers=jconv.DIMENSION_NUMBERS, feature_group_count=g)
+    want = np.asarray(lax.conv_general_dilated(jnp.asarray(np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))),
+                                               jnp.asarray(w), padding=((0, 0), (0, 0)), **args))
+    skipped = lax.conv_general_dilated(jnp.asarray(x), jnp.asarray(w), padding=((pt, pb), (pl, pr)), **args)
+    got = np.asarray(jconv._padding_nans(skipped, x.shape, jnp.asarray(w), attrs))
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-5)
