@@ -76,6 +76,7 @@ from .kernels import itemsize
 from .lru import LRU
 from .ops import base
 from .ops.base import Operator, result_dtype
+from .ops.linear import RESIDUAL_ONLY
 from .plugins import reset_listeners
 from .tensor import Tensor, host_array
 
@@ -685,18 +686,19 @@ def _normalised(ndim: int, attrs: dict[str, Any]) -> set[int]:
     return set(range(ndim - k))
 
 
-_LINEAR_ROWS = _by(lambda nd, a: set(range(nd - 1)), "rows")
-_LINEAR_RESIDUAL = {i: _by(lambda nd, a: set(range(nd - 1)), "rows", aligned=(i,)) for i in (2, 3)}
+def _leading(nd: int, attrs: dict[str, Any]) -> set[int]:
+    return set(range(nd - 1))
+
+
+#: linear by rows of x: the weight and the bias replicated; a residual (operand 3, or 2 without a
+#: bias) split as x is, by the rule of that many operands
+_LINEAR = {2: _by(_leading, "rows"), 3: _by(_leading, "rows", aligned=(2,)), 4: _by(_leading, "rows", aligned=(3,))}
 
 
 def _linear(lay: list[Layout], attrs: dict[str, Any], out_ndim: int) -> Strategy:
-    """linear by rows of x; a residual (the last operand: 4 of them, or 3 without a bias) follows
-    x's rows, the weight and the bias are replicated."""
-    from .ops.linear import RESIDUAL_ONLY
-
-    if len(lay) == 4 or attrs.get(RESIDUAL_ONLY):
-        return _LINEAR_RESIDUAL[len(lay) - 1](lay, attrs, out_ndim)
-    return _LINEAR_ROWS(lay, attrs, out_ndim)
+    if len(lay) == 3 and not attrs.get(RESIDUAL_ONLY):  # x, weight, bias
+        return _LINEAR[2](lay, attrs, out_ndim)
+    return _LINEAR[len(lay)](lay, attrs, out_ndim)
 
 
 _BATCH = _by(lambda nd, a: {0}, "batch")

@@ -187,7 +187,7 @@ class Plan:
     """
 
     __slots__ = ("_lock", "aliasable", "casts", "device", "launch", "launch_of", "op", "order", "out_cls", "out_dtype",
-                 "out_reshape", "out_shape", "plain", "problem", "reshapes", "result_shape", "rows", "settings",
+                 "out_reshape", "out_shape", "plain", "problem", "reshape", "reshapes", "result_shape", "rows", "settings",
                  "trivial", "views", "why")
 
     def __init__(self, op: Operator, problem: Problem, device: Device, s: Settings, norm: Normalized,
@@ -214,6 +214,7 @@ class Plan:
         self.reshapes = None if tuple(in_shapes) == self.views else \
             tuple(None if tuple(have) == want else want for have, want in zip(in_shapes, self.views))
         self.out_reshape = None if self.result_shape == problem.out_shape else self.result_shape
+        self.reshape = device.provider.reshape  # a view, or a copy where no view exists (every device)
         self.launch: Callable[..., Any] | None = None  # the hot path, armed after a checked first call
         self.launch_of: Candidate | None = None
         self.out_cls: type | None = None
@@ -237,7 +238,7 @@ class Plan:
             if self.reshapes is None:
                 out = self._hot(launch, datas)
             else:
-                reshape = self.device.provider.reshape  # a view, or a copy where no view exists (every device)
+                reshape = self.reshape
                 out = self._hot(launch, [d if s is None else reshape(d, s) for d, s in zip(datas, self.reshapes)])
             return out if self.out_reshape is None else out.reshape(self.out_reshape)
         if _tracing:
@@ -294,7 +295,7 @@ class Plan:
             datas = [prov.astype(d, self.out_dtype) if c else d for d, c in zip(datas, self.casts)]
         if self.trivial:
             return self.op.trivial_result(self.problem, self.result_shape, self.trivial, datas, prov)
-        datas = [d if d.shape == s else prov.reshape(d, s) for d, s in zip(datas, self.views)]
+        datas = [d if d.shape == s else self.reshape(d, s) for d, s in zip(datas, self.views)]
         out = self._run(datas)
         if self.result_shape != self.problem.out_shape:
             out = out.reshape(self.result_shape)

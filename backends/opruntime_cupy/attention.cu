@@ -242,6 +242,19 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// d[n] += a * b[n] in three TF32 products (lo x hi, hi x lo, hi x hi: float32's precision), each
+// product issued over all N tiles before the next, so that N independent accumulators lie between
+// two dependent products (a = ah + al, b[n] = bh[n] + bl[n], as split gives them)
+template <int N>
+__device__ __forceinline__ void mma3_tf32(float (*d)[4], const unsigned (&ah)[4], const unsigned (&al)[4],
+                                          const unsigned (*bh)[2], const unsigned (*bl)[2]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) mma_tf32(d[n], al, bh[n][0], bh[n][1]);
+#pragma unroll
+    for (int n = 0; n < N; ++n) mma_tf32(d[n], ah, bl[n][0], bl[n][1]);
+#pragma unroll
+    for (int n = 0; n < N; ++n) mma_tf32(d[n], ah, bh[n][0], bh[n][1]);
+}
 __device__ __forceinline__ unsigned lds32(unsigned addr) {
     unsigned v;
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
@@ -435,12 +448,7 @@ attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
 #pragma unroll
                     for (int e = 0; e < 4; ++e) split(x[e], bh[2 * j2 + (e >> 1)][e & 1], bl[2 * j2 + (e >> 1)][e & 1]);
                 }
-#pragma unroll
-                for (int n = 0; n < NS; ++n) mma_tf32(s[n], al, bh[n][0], bh[n][1]);
-#pragma unroll
-                for (int n = 0; n < NS; ++n) mma_tf32(s[n], ah, bl[n][0], bl[n][1]);
-#pragma unroll
-                for (int n = 0; n < NS; ++n) mma_tf32(s[n], ah, bh[n][0], bh[n][1]);
+                mma3_tf32<NS>(s, ah, al, bh, bl);
 #else
 #pragma unroll
                 for (int j2 = 0; j2 < NS / 2; ++j2) {
@@ -505,12 +513,7 @@ attn_flash(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
                         split(lds32(vr), vh[gi][0], vl[gi][0]);
                         split(lds32(vr + VS * 16), vh[gi][1], vl[gi][1]);
                     }
-#pragma unroll
-                    for (int gi = 0; gi < F32_G; ++gi) mma_tf32(part[gi], pl[kk], vh[gi][0], vh[gi][1]);
-#pragma unroll
-                    for (int gi = 0; gi < F32_G; ++gi) mma_tf32(part[gi], ph[kk], vl[gi][0], vl[gi][1]);
-#pragma unroll
-                    for (int gi = 0; gi < F32_G; ++gi) mma_tf32(part[gi], ph[kk], vh[gi][0], vh[gi][1]);
+                    mma3_tf32<F32_G>(part, ph[kk], pl[kk], vh, vl);
                 }
 #pragma unroll
                 for (int gi = 0; gi < F32_G; ++gi)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputTypeError, ShapeError, UnknownAttributeError
+from ..errors import ShapeError, UnknownAttributeError
 from ..kernels import Attrs, Problem
 from ..tensor import Tensor
 from ..typing import ArrayLike, DeviceLike
@@ -123,14 +123,11 @@ class Linear(Operator):
     peers = {"numpy": _numpy_peer, "torch": _torch_peer, "jax": _jax_peer, "onnx": _onnx_peer}
 
     def call(self, inputs: tuple[Any, ...], device: Any, attrs: tuple[tuple[str, Any, Any], ...]) -> Tensor:
-        if len(inputs) == 4 and inputs[2] is None:
-            inputs, attrs = self.adapt(inputs, attrs)
+        inputs, attrs = self.adapt(inputs, attrs)
         return super().call(inputs, device, attrs)
 
     def adapt(self, inputs: tuple[Any, ...], attrs: tuple[tuple[str, Any, Any], ...]) -> tuple[tuple[Any, ...], tuple]:
         """A residual without a bias: the bias's None left out, :data:`RESIDUAL_ONLY` says so."""
-        if inputs[0] is None or inputs[1] is None:
-            raise InputTypeError("linear: x and weight are required (arrays); got None")
         if len(inputs) == 4 and inputs[2] is None:
             return (inputs[0], inputs[1], inputs[3]), (*attrs, (RESIDUAL_ONLY, True, bool))
         return inputs, attrs
