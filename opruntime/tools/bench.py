@@ -34,7 +34,7 @@ from opruntime.errors import AttributeValueError, NoKernelError, ShapeError
 from opruntime.kernels import Problem, np_dtype
 from opruntime.ops import FUNCTIONS, OPS
 from opruntime.ops.base import Case, Operator, wide
-from opruntime.selector import Candidate, plans
+from opruntime.selector import Candidate, capturing, plans
 from opruntime.tensor import Tensor
 from opruntime.timing import Timed, measure, measure_rounds, paired_ratio, settle
 
@@ -96,6 +96,8 @@ class Result:
     #: the timings whose rounds were noisy (p90 / p10 above ``NOISY``), and ``overhead`` when the
     #: overhead came out at or below zero (smaller than the noise of the two timings)
     noisy: list[str] = field(default_factory=list)
+    #: timed as device-graph replays (``--graphs``): every contender's time is its device's alone
+    graphs: bool = False
 
     def ratios(self) -> dict[str, float]:
         """Peer time / our time per peer: above 1, opruntime is faster."""
@@ -136,14 +138,17 @@ def random_tensors(case: Case, device: Device, seed: int = 0) -> list[Tensor]:
 
 
 def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool | Sequence[str] = False,
-             peers: Sequence[str] | None = None) -> Result:
+             peers: Sequence[str] | None = None, graphs: bool = False) -> Result:
     """Benchmark one case on one device; ``peers`` limits the peer libraries (default: all).
     ``kernels``: also time the candidates directly, every one (``True``) or those whose label
-    contains one of these strings (the chosen kernel is always timed)."""
+    contains one of these strings (the chosen kernel is always timed). ``graphs``: time every
+    contender as replays of a device graph of its calls (:func:`_graphed`), which leaves the host's
+    cost of each call out: what a kernel reaches inside ``opr.capture``, and the device's bandwidth
+    where an eager call of a small problem is bound by its launch."""
     op = OPS[case.op]
     rng, dtype = np.random.default_rng(0), np_dtype(case.dtype)
     host = op.sample([host_normal(rng, s, dtype) for s in case.shapes], case)  # the peers and the reference get these
-    res = Result(case.op, case.label, case.dtype, device.name)
+    res = Result(case.op, case.label, case.dtype, device.name, graphs=graphs)
     prov = device.provider
     attrs = dict(case.attrs)
     try:
@@ -176,8 +181,16 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool | S
         return res
     for name, timed in peer_libraries.contenders(op, case, host, device, datas[0], peers, res.bytes).items():
         contenders[f"peer:{name}"] = timed
+    if graphs:
+        try:
+            contenders = _graphed(contenders, device, datas[0])
+        except Exception as exc:
+            res.error = f"{type(exc).__name__}: {exc}"
+            return res
     samples, errors = measure_rounds(contenders, max(repeats, KERNEL_ROUNDS) if kernels else repeats,
                                      idle=settle(prov))
+    if graphs:  # a replay is GRAPH_CALLS calls
+        samples = {name: [t / peer_libraries.GRAPH_CALLS for t in ts] for name, ts in samples.items()}
     if "opruntime" in errors:
         res.error = errors["opruntime"]
         return res
@@ -216,6 +229,27 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool | S
     res.unit, work = RATES[op.bound]
     res.rate = getattr(res, work) / res.time_s / 1e9
     return res
+
+
+def _graphed(contenders: Mapping[str, Timed], device: Device, sample: Any) -> dict[str, Timed]:
+    """Each contender recorded as a device graph of :data:`~.peers.GRAPH_CALLS` calls
+    (:func:`.peers.graphed`), replayed as one call; a peer or candidate that cannot be recorded is
+    left out with the reason on stderr, opruntime's own call raises."""
+    at = peer_libraries.where(device, sample)
+    out: dict[str, Timed] = {}
+    token = capturing.set(True)  # as opr.capture: a kernel failing while recorded ends the recording
+    try:
+        for name, timed in contenders.items():
+            kind, _, label = name.partition(":")
+            try:
+                out[name] = peer_libraries.graphed(label if kind == "peer" else "opruntime", timed, device, at)
+            except Exception as exc:
+                if name == "opruntime":
+                    raise
+                print(f"  {name}: not timed, no graph ({type(exc).__name__}: {exc})", file=sys.stderr)
+    finally:
+        capturing.reset(token)
+    return out
 
 
 def _direct(c: Candidate, problem: Problem, views: Sequence[Any], last: list[Any]) -> Callable[[], None]:
@@ -353,7 +387,7 @@ def tables(results: Sequence[Result]) -> list[Table]:
 
 
 def _case(r: Result) -> str:
-    return f"{r.op} {r.problem} {r.dtype}"
+    return f"{r.op} {r.problem} {r.dtype}" + (" (graphs)" if r.graphs else "")
 
 
 def _straddles(r: Result) -> str:

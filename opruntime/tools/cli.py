@@ -232,6 +232,9 @@ def _setting(value: Any) -> str:
 @click.option("--only", "only_kernels", metavar="LIST",
               help="with --kernels: time only the candidates whose label contains one of these comma-separated "
                    "strings (the chosen kernel is always timed), e.g. --only flash_wgmma,cudnn")
+@click.option("--graphs", is_flag=True,
+              help="on a CUDA device: record each contender's calls as a CUDA graph and time its replays, the "
+                   "device's time without the host's (peers without graphs, JAX and ONNX Runtime, are left out)")
 @click.option("--quick", is_flag=True, help=f"with --suite {models.SUITE}: small models (a check that it runs)")
 @click.option("--peers", callback=_peers, metavar="LIST",
               help=f"comma-separated peers to time ({', '.join(LIBRARIES)}; {COPY}: the device copying the bytes "
@@ -241,7 +244,7 @@ def _setting(value: Any) -> str:
               help="also draw bars per operator and a roofline per device (png, svg or pdf; needs matplotlib)")
 @json_options
 def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple, devices: tuple[str, ...],
-                  suite: str, repeats: int, kernels: bool, only_kernels: str | None, quick: bool,
+                  suite: str, repeats: int, kernels: bool, only_kernels: str | None, graphs: bool, quick: bool,
                   peers: list[str] | None, plot_path: str | None, as_json: bool, output_path: str | None) -> None:
     """Time operators, each candidate kernel and the peers on the same inputs.
 
@@ -256,9 +259,13 @@ def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple,
       opruntime bench conv2d --shape 8x64x56x56,64x64x3x3 --attr padding=1 --device cpu
       opruntime bench softmax --shape 4096x4096 --peers numpy,torch --json > softmax.json
       opruntime bench --suite gpu --device cuda:0 -o gpu.json --plot gpu.svg
+      opruntime bench layer_norm --device cuda:0 --peers torch,copy --graphs   # device time only
     """
     if only_kernels and not kernels:
         raise click.UsageError("--only picks among the candidates that --kernels times: add --kernels")
+    if graphs and suite == models.SUITE and not ops:
+        raise click.UsageError(f"--graphs times operators' cases; the {models.SUITE} suite times the block "
+                               "through opr.capture already (its 'captured' case)")
     if plot_path:
         plot.require_matplotlib()  # before the benchmark, not after it
     targets = _devices(devices)
@@ -273,7 +280,7 @@ def bench_command(ops: tuple[str, ...], shapes: tuple, dtype: str, attrs: tuple,
             for i, (dev, case) in enumerate((d, c) for d in targets for c in cases):
                 progress.update(i, f"{case.op} {case.label} {case.dtype} on {dev.name}")
                 timed = [k.strip() for k in only_kernels.split(",") if k.strip()] if only_kernels else kernels
-                results.append(bench.run_case(case, dev, repeats=repeats, kernels=timed, peers=peers))
+                results.append(bench.run_case(case, dev, repeats=repeats, kernels=timed, peers=peers, graphs=graphs))
     roofs: dict[str, dict] = {}
     if plot_path:
         with Progress(len(targets), "roofline") as progress:

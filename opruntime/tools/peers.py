@@ -259,6 +259,51 @@ def op_result_shape(case: Case, xs: Sequence[np.ndarray]) -> list[int]:
     return list(OPS[case.op].normalize([x.shape for x in xs], dict(case.attrs)).result_shape)
 
 
+#: back-to-back calls recorded in one device graph by ``opruntime bench --graphs``
+GRAPH_CALLS = 20
+#: the libraries whose calls ``--graphs`` records through torch's CUDA graphs (the others on a CUDA
+#: device, opruntime's own calls and ``copy`` included, through the device's provider)
+TORCH_GRAPHS = ("torch", "triton")
+
+
+def graphed(name: str, timed: Timed, device: Device, at: Where, calls: int = GRAPH_CALLS) -> Timed:
+    """``timed`` recorded once as a device graph of ``calls`` back-to-back calls, as ``(replay,
+    sync)``: one replay stands for ``calls`` calls, and costs the host one graph launch, so that the
+    timing is the device's alone (Triton's ``do_bench_cudagraph``). ``name`` is the contender's
+    library (``torch`` / ``triton``: torch's ``CUDAGraph``, its allocations in torch's graph pool)
+    or anything else run on the device's own stack (opruntime's calls, ``copy``, ``cupy``:
+    :meth:`~opruntime.hookspecs.DeviceProvider.capture`, a private pool and stream). A library with
+    no graphs here (JAX, ONNX Runtime, NumPy, a device without graphs) raises :class:`NotApplicable`."""
+    call, sync = timed
+    if name in TORCH_GRAPHS:
+        import torch
+
+        with torch.cuda.device(at.cuda):
+            side = torch.cuda.Stream()  # torch's recipe: warm up on a side stream, then record
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    call()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    call()
+        return graph.replay, sync
+    if name not in ("opruntime", COPY, "cupy"):
+        raise NotApplicable(f"{name} has no device graphs to record (--graphs times CUDA graphs only)")
+
+    def record(static: list[Any]) -> list[Any]:
+        for _ in range(calls):
+            call()
+        return []
+
+    graph = device.provider.capture(record, [])
+    if graph is None:
+        raise NotApplicable(f"{device.name} records no device graphs (--graphs needs a CUDA device)")
+    return functools.partial(graph.run, []), device.provider.synchronize
+
+
 Runner = Callable[[Callable[..., Any], Sequence[np.ndarray], Case, Where], Timed | None]
 
 #: library -> (the operator's peer it runs, how). ``cupy`` is the ``numpy`` peer on a CUDA device

@@ -304,14 +304,15 @@ def load_source(path: str | Path) -> Source:
 def case_label(r: Result, with_op: bool = False) -> tuple[str, str]:
     """A case in two parts: its operand shapes (three or more equal ones folded), then the dtype and
     attributes: ``("32x64x56x56, 64x64x3x3", "fp32 stride=1,padding=1")``; ``with_op`` puts the
-    operator first (it always comes first when the problem has no shapes, as a model's)."""
+    operator first (it always comes first when the problem has no shapes, as a model's); a case
+    timed as device-graph replays (``bench --graphs``) ends in ``(graphs)``."""
     tokens = r.problem.split()
     shapes = [t for t in tokens if _SHAPE.match(t)]
     attrs = [t for t in tokens if "=" in t]
     head = f"{len(shapes)} × {shapes[0]}" if len(shapes) >= 3 and len(set(shapes)) == 1 else ", ".join(shapes)
     if with_op or not head:
         head = f"{r.op} {head}".strip()
-    return head, " ".join([_SHORT_DTYPES.get(r.dtype, r.dtype), *attrs])
+    return head, " ".join([_SHORT_DTYPES.get(r.dtype, r.dtype), *attrs, *(["(graphs)"] if r.graphs else [])])
 
 
 def _ratios(r: Result) -> dict[str, float]:

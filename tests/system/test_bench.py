@@ -137,6 +137,48 @@ def test_run_case_keeps_the_spread_of_each_timing():
     assert all(n in {"opruntime", "direct", "peer:numpy", "overhead"} for n in r.noisy)
 
 
+def test_graphs_are_refused_where_the_device_records_none():
+    import opruntime as opr
+
+    r = bench.run_case(Case(((8, 16),), op="softmax"), opr.Device("cpu"), repeats=3, peers=["numpy"], graphs=True)
+    assert r.graphs and "records no device graphs" in r.error and "CUDA device" in r.error
+
+
+def test_graphs_record_each_contender_once_and_count_a_replay_as_its_calls(monkeypatch):
+    """``--graphs``: every contender that has graphs is recorded once as GRAPH_CALLS calls through
+    the device's ``capture`` (opruntime's call, its chosen kernel, the copy), one without graphs
+    (NumPy) is left out, and each timed replay counts as GRAPH_CALLS calls."""
+    import opruntime as opr
+    from opruntime.tools import peers
+
+    dev = opr.Device("cpu")
+    recorded, replays = [], []
+
+    class Graph:  # a stand-in device graph: recording runs the function once, a replay runs it again
+        def __init__(self, fn, inputs):
+            self.fn = fn
+            recorded.append(fn(list(inputs)))
+
+        def run(self, inputs):
+            replays.append(1)
+            return self.fn(list(inputs))
+
+    monkeypatch.setattr(dev.provider, "capture", lambda fn, inputs: Graph(fn, inputs), raising=False)
+    monkeypatch.setattr(peers, "GRAPH_CALLS", 3)
+    case = Case(((64, 256),), op="softmax")
+    r = bench.run_case(case, dev, repeats=3, peers=["numpy", "copy"], graphs=True)
+    assert not r.error and r.graphs and recorded == [[], [], []]  # opruntime, direct, copy; NumPy has none
+    assert set(r.peers) == {"copy"} and math.isfinite(r.time_s) and replays
+    assert "(graphs)" in bench.format_table([r])
+
+    def rounds(contenders, repeats, idle=None):  # every replay took 6 ms
+        return {name: [6e-3] * repeats for name in contenders}, {}
+
+    monkeypatch.setattr(bench, "measure_rounds", rounds)
+    r = bench.run_case(case, dev, repeats=3, peers=["copy"], graphs=True)
+    assert r.time_s == pytest.approx(2e-3) and r.peers["copy"] == pytest.approx(2e-3)  # three calls a replay
+
+
 def test_kernels_run_checks_selection():
     import opruntime as opr
 
