@@ -9,6 +9,7 @@ The whole table is ``python -m opruntime.testing --device <name>``.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import types
@@ -97,11 +98,15 @@ def test_every_kernel_pinned(device, op):
 
 
 def test_suite_runs_as_a_pytest_package():
-    """What a plugin author types: the package collects, takes the option and passes on cpu."""
+    """What a plugin author types: the package collects, takes the option and passes on cpu. Its
+    every test but matmul's kernels is deselected here (``-k``; the whole package took 160 s of
+    CI's 2 cores): the kernels' checks themselves run in this process above, on every device."""
     proc = subprocess.run([sys.executable, "-m", "opruntime.testing", "--device", "cpu", "--cases", "quick", "-q",
-                           "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=300, check=False)
+                           "-p", "no:cacheprovider", "-k", "not (test_kernel or test_pinned) or matmul"],
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "failed" not in proc.stdout
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 5 and "failed" not in proc.stdout, proc.stdout[-3000:]
 
 
 # -- the suite catches broken plugins ------------------------------------------------------------------
