@@ -82,9 +82,16 @@ def test_load_source_names_what_is_wrong(tmp_path: Path, content: str, words: li
     ("matmul", "1024x1024 x 1024x1024", "bfloat16", False, ("1024x1024, 1024x1024", "bf16")),
     ("relu", "8192x8192", "float16", True, ("relu 8192x8192", "fp16")),
     ("resnet50", "batch=32 size=224", "float16", False, ("resnet50", "fp16 batch=32 size=224")),
+    ("transformer_block", "batch=8 heads=12 captured", "float16", False,
+     ("transformer_block", "fp16 batch=8 heads=12 captured")),
 ])
 def test_case_label(op: str, problem: str, dtype: str, with_op: bool, want: tuple[str, str]) -> None:
     assert plot.case_label(Result(op, problem, dtype, "cpu"), with_op) == want
+
+
+def test_case_label_marks_a_case_timed_as_device_graphs() -> None:
+    r = Result("layer_norm", "8192x768 x 768 x 768 normalized_shape=768", "float16", "cuda:0", graphs=True)
+    assert plot.case_label(r) == ("8192x768, 768, 768", "fp16 normalized_shape=768 (graphs)")
 
 
 def test_ratio_chart_draws_every_case_and_peer_at_the_page_width(tmp_path: Path) -> None:
