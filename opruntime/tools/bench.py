@@ -181,16 +181,17 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool | S
         return res
     for name, timed in peer_libraries.contenders(op, case, host, device, datas[0], peers, res.bytes).items():
         contenders[f"peer:{name}"] = timed
+    calls = peer_libraries.GRAPH_CALLS  # calls a graph records (and a replay stands for)
     if graphs:
         try:
-            contenders = _graphed(contenders, device, datas[0])
+            contenders = _graphed(contenders, device, datas[0], calls)
         except Exception as exc:
             res.error = f"{type(exc).__name__}: {exc}"
             return res
     samples, errors = measure_rounds(contenders, max(repeats, KERNEL_ROUNDS) if kernels else repeats,
                                      idle=settle(prov))
-    if graphs:  # a replay is GRAPH_CALLS calls
-        samples = {name: [t / peer_libraries.GRAPH_CALLS for t in ts] for name, ts in samples.items()}
+    if graphs:
+        samples = {name: [t / calls for t in ts] for name, ts in samples.items()}
     if "opruntime" in errors:
         res.error = errors["opruntime"]
         return res
@@ -231,10 +232,10 @@ def run_case(case: Case, device: Device, *, repeats: int = 15, kernels: bool | S
     return res
 
 
-def _graphed(contenders: Mapping[str, Timed], device: Device, sample: Any) -> dict[str, Timed]:
-    """Each contender recorded as a device graph of :data:`~.peers.GRAPH_CALLS` calls
-    (:func:`.peers.graphed`), replayed as one call; a peer or candidate that cannot be recorded is
-    left out with the reason on stderr, opruntime's own call raises."""
+def _graphed(contenders: Mapping[str, Timed], device: Device, sample: Any, calls: int) -> dict[str, Timed]:
+    """Each contender recorded as a device graph of ``calls`` calls (:func:`.peers.graphed`),
+    replayed as one call; a peer or candidate that cannot be recorded is left out with the reason
+    on stderr, opruntime's own call raises."""
     at = peer_libraries.where(device, sample)
     out: dict[str, Timed] = {}
     token = capturing.set(True)  # as opr.capture: a kernel failing while recorded ends the recording
@@ -242,7 +243,8 @@ def _graphed(contenders: Mapping[str, Timed], device: Device, sample: Any) -> di
         for name, timed in contenders.items():
             kind, _, label = name.partition(":")
             try:
-                out[name] = peer_libraries.graphed(label if kind == "peer" else "opruntime", timed, device, at)
+                out[name] = peer_libraries.graphed(label if kind == "peer" else "opruntime", timed, device, at,
+                                                   calls)
             except Exception as exc:
                 if name == "opruntime":
                     raise

@@ -158,13 +158,28 @@ def test_graphs_record_each_contender_once_and_count_a_replay_as_its_calls(monke
         def __init__(self, fn, inputs):
             self.fn = fn
             recorded.append(fn(list(inputs)))
+            assert timed["calls"] == 3  # the recording made GRAPH_CALLS calls of the contender
 
         def run(self, inputs):
             replays.append(1)
             return self.fn(list(inputs))
 
+    timed = {"calls": 0}
+    real = peers.graphed
+
+    def counting(name, contender, device, at, calls):
+        call, sync = contender
+
+        def counted():
+            timed["calls"] += 1
+            return call()
+
+        timed["calls"] = 0
+        return real(name, (counted, sync), device, at, calls)
+
     monkeypatch.setattr(dev.provider, "capture", lambda fn, inputs: Graph(fn, inputs), raising=False)
     monkeypatch.setattr(peers, "GRAPH_CALLS", 3)
+    monkeypatch.setattr(peers, "graphed", counting)
     case = Case(((64, 256),), op="softmax")
     r = bench.run_case(case, dev, repeats=3, peers=["numpy", "copy"], graphs=True)
     assert not r.error and r.graphs and recorded == [[], [], []]  # opruntime, direct, copy; NumPy has none
