@@ -27,6 +27,12 @@ from opruntime.errors import KernelCompileError
 from opruntime.lru import LRU
 
 _lock = threading.Lock()  # one build at a time: two threads never build the same program twice
+#: held while pyopencl makes a kernel's argument setter (``Kernel(...)``, ``set_scalar_arg_dtypes``):
+#: both read and fill pyopencl's invoker cache, a pytools ``PersistentDict`` on one SQLite
+#: connection, and two threads in it at once crashed the process (a segmentation fault in
+#: ``_exec_sql_fn`` under ``test_eight_threads_one_device_same_kernel[opencl:0-softmax]`` on the
+#: H100 machine's NVIDIA OpenCL)
+INVOKERS = threading.Lock()
 #: name -> text of this package's .cl files (a fixed handful, read once)
 _sources: dict[tuple[str, ...], str] = {}
 #: (context, source hash, options) -> built Program, or the KernelCompileError of a failed build
@@ -111,7 +117,9 @@ def kernel(device: Any, text: str, defines: Mapping[str, Any], name: str, *, lab
     (a kernel object carries its arguments, so launchers never share one)."""
     import pyopencl as cl
 
-    return cl.Kernel(program(device, text, defines, label=label, extra=extra), name)
+    prg = program(device, text, defines, label=label, extra=extra)
+    with INVOKERS:  # a Kernel's __init__ consults pyopencl's invoker cache (see INVOKERS)
+        return cl.Kernel(prg, name)
 
 
 class Launch:
@@ -131,7 +139,8 @@ class Launch:
 
     def __init__(self, device: Any, knl: Any, lsize: tuple[int, ...], signature: Sequence[Any],
                  gsize: tuple[int, ...] | None = None) -> None:
-        knl.set_scalar_arg_dtypes([None if t is None else np.dtype(t) for t in signature])
+        with INVOKERS:
+            knl.set_scalar_arg_dtypes([None if t is None else np.dtype(t) for t in signature])
         self.device, self.knl, self.lsize, self.queue = device, knl, tuple(lsize), device.queue
         self.gsize = None if gsize is None else round_up(gsize, lsize)
         # Setting the arguments and enqueueing must not interleave with another thread's call:

@@ -573,3 +573,49 @@ def test_threads_racing_to_the_first_use_share_one_context(ocl, monkeypatch):
     assert len(seen) == 8 and len({id(c) for c, _ in seen}) == 1 and len({id(q) for _, q in seen}) == 1
     out = fresh.empty((4,), np.float32)
     assert out.context == fresh.context
+
+
+def test_threads_making_launchers_never_meet_in_pyopencls_invoker_cache(ocl, monkeypatch):
+    """pyopencl makes a kernel's argument setter through a cache on one SQLite connection (pytools'
+    ``PersistentDict``); two threads in it at once crashed the process on the H100 machine. 8
+    threads making launchers of one kernel at once enter it one at a time (``INVOKERS``); each
+    entry is held 5 ms here, so that threads would meet without the lock."""
+    import time
+
+    import pyopencl.invoker as invoker
+
+    real, inside, overlaps, guard = invoker.generate_enqueue_and_set_args, [0], [], threading.Lock()
+
+    def watched(*args, **kwargs):
+        inside[0] += 1
+        if inside[0] > 1:
+            overlaps.append(inside[0])
+        time.sleep(0.005)
+        try:
+            with guard:  # the real cache, one at a time even where the lock under test fails
+                return real(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(invoker, "generate_enqueue_and_set_args", watched)
+    src = "__kernel void twice(__global float* x, int n) { int i = get_global_id(0); if (i < n) x[i] *= 2; }"
+    barrier, made, errors = threading.Barrier(8), [], []
+
+    def make():
+        try:
+            barrier.wait(timeout=60)
+            knl = cl_compile.kernel(ocl.provider, src, {}, "twice", label="test.twice")
+            made.append(cl_compile.Launch(ocl.provider, knl, (64,), (cl_compile.BUFFER, np.int32), (64,)))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(made) == 8
+    assert not overlaps, f"{len(overlaps)} entries into pyopencl's invoker cache overlapped another"
+    x = ocl.provider.from_host(np.arange(64, dtype=np.float32))
+    made[0](x.data, np.int32(64))
+    np.testing.assert_array_equal(ocl.provider.to_host(x), 2 * np.arange(64, dtype=np.float32))
