@@ -143,9 +143,10 @@ class Launch:
             knl.set_scalar_arg_dtypes([None if t is None else np.dtype(t) for t in signature])
         self.device, self.knl, self.lsize, self.queue = device, knl, tuple(lsize), device.queue
         self.gsize = None if gsize is None else round_up(gsize, lsize)
-        # Setting the arguments and enqueueing must not interleave with another thread's call:
-        # the arguments live on the kernel object until the enqueue copies them.
-        self._lock = threading.Lock()
+        # Setting the arguments and enqueueing must not interleave with another thread's call
+        # (the arguments live on the kernel object until the enqueue copies them), nor with any
+        # other enqueue on the device's queue: the device's lock (``OpenCLDevice.enqueue_lock``).
+        self._lock = device.enqueue_lock
 
     def __call__(self, *args: Any) -> Any:
         with self._lock:

@@ -65,7 +65,11 @@ class OpenCLDevice(DeviceProvider):
         # problems; made on first use, as the queue is
         self._copies: dict[int, cl_compile.Launch] = {}
         self._copies_into: dict[int, cl_compile.Launch] = {}
-        self._launch_lock = threading.Lock()
+        #: held around every enqueue on the device's queue (launches, copies to and from the host,
+        #: fills, device copies): NVIDIA's OpenCL driver crashed (a segmentation fault in
+        #: ``enqueue_copy``) when 8 threads copied host data into one queue at once; re-entrant, as
+        #: a copy may launch the strided-copy kernel
+        self.enqueue_lock = threading.RLock()
         self._context_lock = threading.Lock()
 
     # -- context ----------------------------------------------------------------------------
@@ -98,11 +102,11 @@ class OpenCLDevice(DeviceProvider):
     def launch(self, kernel: Any, gsize: tuple[int, ...], lsize: tuple[int, ...], *args: Any) -> Any:
         """Enqueue a plugin's own ``pyopencl.Kernel`` (``gsize`` rounded up to a multiple of
         ``lsize``) so that :meth:`time` sees it. Arguments are set and the kernel enqueued under
-        the device's lock, so plugins may share one kernel object between threads. (This
-        backend's kernels use :class:`~.compile.Launch`: typed arguments, a lock per launcher.)"""
+        the device's :attr:`enqueue_lock`, so plugins may share one kernel object between threads.
+        (This backend's kernels use :class:`~.compile.Launch`: typed arguments, the same lock.)"""
         import pyopencl as cl
 
-        with self._launch_lock:
+        with self.enqueue_lock:
             kernel.set_args(*args)
             evt = cl.enqueue_nd_range_kernel(self.queue, kernel, cl_compile.round_up(gsize, lsize), lsize)
         self.record(evt)
@@ -164,7 +168,8 @@ class OpenCLDevice(DeviceProvider):
 
         out = self.empty(shape, dtype)
         if out.nbytes:
-            cl.enqueue_fill_buffer(self.queue, out.base_data, np.uint8(0), out.offset, out.nbytes)
+            with self.enqueue_lock:
+                cl.enqueue_fill_buffer(self.queue, out.base_data, np.uint8(0), out.offset, out.nbytes)
         return out
 
     def from_host(self, array: np.ndarray) -> Any:
@@ -177,24 +182,29 @@ class OpenCLDevice(DeviceProvider):
                 array = np.ascontiguousarray(array)
         out = self.empty(array.shape, array.dtype)
         if array.size:
-            with self._host_memory(array.shape, array.dtype):
+            with self._host_memory(array.shape, array.dtype), self.enqueue_lock:
                 out.set(array)
         return out
 
     def to_host(self, data: Any) -> np.ndarray:
         data = self.contiguous(data)
-        with self._host_memory(data.shape, data.dtype):
+        with self._host_memory(data.shape, data.dtype), self.enqueue_lock:
             return data.get() if data.size else np.empty(data.shape, data.dtype)
 
     def copy(self, data: Any) -> Any:
         out = self.contiguous(data)
-        return out.copy() if out is data else out  # a gathered view is already a new array
+        if out is not data:
+            return out  # a gathered view is already a new array
+        with self.enqueue_lock:
+            return out.copy()
 
     def astype(self, data: Any, dtype: np.dtype) -> Any:
         dtype = np.dtype(dtype)
         native = {"float32", "float64"} if self.has_fp64 else {"float32"}
         if data.dtype.name in native and dtype.name in native:
-            return self.contiguous(data).astype(dtype)
+            data = self.contiguous(data)
+            with self.enqueue_lock:
+                return data.astype(dtype)
         host = self.to_host(data)  # half / bfloat16: through the host
         with self._host_memory(host.shape, dtype):
             host = host.astype(dtype)
@@ -232,7 +242,8 @@ class OpenCLDevice(DeviceProvider):
         shape, strides = _collapse(data.shape, [s // data.dtype.itemsize for s in data.strides])
         if len(shape) > MAX_COPY_RANK:  # pragma: no cover - 7-D views that do not collapse
             host = self.to_host_strided(data)
-            out.set(host)
+            with self.enqueue_lock:
+                out.set(host)
             return out
         shape = [1] * (MAX_COPY_RANK - len(shape)) + shape
         strides = [0] * (MAX_COPY_RANK - len(strides)) + strides
@@ -328,7 +339,8 @@ class OpenCLDevice(DeviceProvider):
         flat = np.empty(base.size // data.dtype.itemsize, data.dtype)
         import pyopencl as cl
 
-        cl.enqueue_copy(self.queue, flat, base)
+        with self.enqueue_lock:
+            cl.enqueue_copy(self.queue, flat, base)
         return np.lib.stride_tricks.as_strided(flat[data.offset // data.dtype.itemsize:], data.shape,
                                                data.strides).copy()
 

@@ -619,3 +619,46 @@ def test_threads_making_launchers_never_meet_in_pyopencls_invoker_cache(ocl, mon
     x = ocl.provider.from_host(np.arange(64, dtype=np.float32))
     made[0](x.data, np.int32(64))
     np.testing.assert_array_equal(ocl.provider.to_host(x), 2 * np.arange(64, dtype=np.float32))
+
+
+def test_threads_enqueue_on_a_device_one_at_a_time(ocl, monkeypatch):
+    """Every enqueue on a device's queue holds its ``enqueue_lock``: 8 threads copying host data
+    in at once (which crashed NVIDIA's OpenCL driver in ``enqueue_copy``) enter ``Array.set`` one
+    at a time (each entry held 5 ms here, so that they would meet without the lock), and the
+    launchers take the same lock."""
+    import time
+
+    import pyopencl.array as cla
+
+    real, inside, overlaps = cla.Array.set, [0], []
+
+    def watched(self, *args, **kwargs):
+        inside[0] += 1
+        if inside[0] > 1:
+            overlaps.append(inside[0])
+        time.sleep(0.005)
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(cla.Array, "set", watched)
+    prov, barrier, got, errors = ocl.provider, threading.Barrier(8), [], []
+
+    def copy_in(i):
+        try:
+            barrier.wait(timeout=60)
+            got.append((i, prov.to_host(prov.from_host(np.full(1000, i, np.float32)))))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=copy_in, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(got) == 8 and all((h == i).all() for i, h in got)
+    assert not overlaps, f"{len(overlaps)} host copies entered the queue beside another"
+    src = "__kernel void one(__global float* x) { x[get_global_id(0)] = 1; }"
+    knl = cl_compile.kernel(prov, src, {}, "one", label="test.one")
+    assert cl_compile.Launch(prov, knl, (1,), (cl_compile.BUFFER,), (1,))._lock is prov.enqueue_lock
