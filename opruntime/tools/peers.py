@@ -266,7 +266,7 @@ GRAPH_CALLS = 20
 TORCH_GRAPHS = ("torch", "triton")
 
 
-def graphed(name: str, timed: Timed, device: Device, at: Where, calls: int = GRAPH_CALLS) -> Timed:
+def graphed(name: str, timed: Timed, device: Device, at: Where, calls: int) -> Timed:
     """``timed`` recorded once as a device graph of ``calls`` back-to-back calls, as ``(replay,
     sync)``: one replay stands for ``calls`` calls, and costs the host one graph launch, so that the
     timing is the device's alone (Triton's ``do_bench_cudagraph``). ``name`` is the contender's

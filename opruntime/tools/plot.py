@@ -308,7 +308,7 @@ def case_label(r: Result, with_op: bool = False) -> tuple[str, str]:
     timed as device-graph replays (``bench --graphs``) ends in ``(graphs)``."""
     tokens = r.problem.split()
     shapes = [t for t in tokens if _SHAPE.match(t)]
-    attrs = [t for t in tokens if "=" in t or not (_SHAPE.match(t) or t == "x")]  # and flags ("captured")
+    attrs = [t for t in tokens if not (_SHAPE.match(t) or t == "x")]  # name=value, and flags ("captured")
     head = f"{len(shapes)} × {shapes[0]}" if len(shapes) >= 3 and len(set(shapes)) == 1 else ", ".join(shapes)
     if with_op or not head:
         head = f"{r.op} {head}".strip()

@@ -542,6 +542,50 @@ def test_copy_into_a_view_of_more_dims_than_the_copy_kernel_takes(ocl):
     np.testing.assert_array_equal(prov.to_host(big), want)
 
 
+def _at_once(fn, n=8):
+    """``fn(i)`` in ``n`` threads released together by a barrier; the exceptions they raised."""
+    barrier, errors = threading.Barrier(n), []
+
+    def run(i):
+        try:
+            barrier.wait(timeout=60)
+            fn(i)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return errors
+
+
+def _overlaps(monkeypatch, owner, name):
+    """``owner.name`` patched so that each call is held 5 ms (threads that are not kept apart then
+    meet) and counted: the returned list gains an entry whenever a call starts while another is
+    still inside. The real calls still run one at a time, even where the lock under test fails."""
+    import time
+
+    real, inside, overlaps, count, guard = getattr(owner, name), [0], [], threading.Lock(), threading.Lock()
+
+    def watched(*args, **kwargs):
+        with count:
+            inside[0] += 1
+            if inside[0] > 1:
+                overlaps.append(inside[0])
+        time.sleep(0.005)
+        try:
+            with guard:
+                return real(*args, **kwargs)
+        finally:
+            with count:
+                inside[0] -= 1
+
+    monkeypatch.setattr(owner, name, watched)
+    return overlaps
+
+
 def test_threads_racing_to_the_first_use_share_one_context(ocl, monkeypatch):
     """A device's context, queue and pool are made once even when 8 threads make their first call
     at the same moment (each had made its own before: on NVIDIA's OpenCL a buffer of one context
@@ -559,17 +603,8 @@ def test_threads_racing_to_the_first_use_share_one_context(ocl, monkeypatch):
 
     monkeypatch.setattr(cl, "Context", slow_context)
     fresh = memory.OpenCLDevice(99, ocl.provider.cl_device)
-    barrier, seen = threading.Barrier(8), []
-
-    def first_use():
-        barrier.wait(timeout=60)
-        seen.append((fresh.context, fresh.queue))
-
-    threads = [threading.Thread(target=first_use) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    seen = []
+    assert not _at_once(lambda i: seen.append((fresh.context, fresh.queue)))
     assert len(seen) == 8 and len({id(c) for c, _ in seen}) == 1 and len({id(q) for _, q in seen}) == 1
     out = fresh.empty((4,), np.float32)
     assert out.context == fresh.context
@@ -578,43 +613,18 @@ def test_threads_racing_to_the_first_use_share_one_context(ocl, monkeypatch):
 def test_threads_making_launchers_never_meet_in_pyopencls_invoker_cache(ocl, monkeypatch):
     """pyopencl makes a kernel's argument setter through a cache on one SQLite connection (pytools'
     ``PersistentDict``); two threads in it at once crashed the process on the H100 machine. 8
-    threads making launchers of one kernel at once enter it one at a time (``INVOKERS``); each
-    entry is held 5 ms here, so that threads would meet without the lock."""
-    import time
-
+    threads making launchers of one kernel at once enter it one at a time (``INVOKERS``)."""
     import pyopencl.invoker as invoker
 
-    real, inside, overlaps, guard = invoker.generate_enqueue_and_set_args, [0], [], threading.Lock()
-
-    def watched(*args, **kwargs):
-        inside[0] += 1
-        if inside[0] > 1:
-            overlaps.append(inside[0])
-        time.sleep(0.005)
-        try:
-            with guard:  # the real cache, one at a time even where the lock under test fails
-                return real(*args, **kwargs)
-        finally:
-            inside[0] -= 1
-
-    monkeypatch.setattr(invoker, "generate_enqueue_and_set_args", watched)
+    overlaps = _overlaps(monkeypatch, invoker, "generate_enqueue_and_set_args")
     src = "__kernel void twice(__global float* x, int n) { int i = get_global_id(0); if (i < n) x[i] *= 2; }"
-    barrier, made, errors = threading.Barrier(8), [], []
+    made = []
 
-    def make():
-        try:
-            barrier.wait(timeout=60)
-            knl = cl_compile.kernel(ocl.provider, src, {}, "twice", label="test.twice")
-            made.append(cl_compile.Launch(ocl.provider, knl, (64,), (cl_compile.BUFFER, np.int32), (64,)))
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+    def make(i):
+        knl = cl_compile.kernel(ocl.provider, src, {}, "twice", label="test.twice")
+        made.append(cl_compile.Launch(ocl.provider, knl, (64,), (cl_compile.BUFFER, np.int32), (64,)))
 
-    threads = [threading.Thread(target=make) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors and len(made) == 8
+    assert not _at_once(make) and len(made) == 8
     assert not overlaps, f"{len(overlaps)} entries into pyopencl's invoker cache overlapped another"
     x = ocl.provider.from_host(np.arange(64, dtype=np.float32))
     made[0](x.data, np.int32(64))
@@ -624,40 +634,13 @@ def test_threads_making_launchers_never_meet_in_pyopencls_invoker_cache(ocl, mon
 def test_threads_enqueue_on_a_device_one_at_a_time(ocl, monkeypatch):
     """Every enqueue on a device's queue holds its ``enqueue_lock``: 8 threads copying host data
     in at once (which crashed NVIDIA's OpenCL driver in ``enqueue_copy``) enter ``Array.set`` one
-    at a time (each entry held 5 ms here, so that they would meet without the lock), and the
-    launchers take the same lock."""
-    import time
-
+    at a time, and the launchers take the same lock."""
     import pyopencl.array as cla
 
-    real, inside, overlaps = cla.Array.set, [0], []
-
-    def watched(self, *args, **kwargs):
-        inside[0] += 1
-        if inside[0] > 1:
-            overlaps.append(inside[0])
-        time.sleep(0.005)
-        try:
-            return real(self, *args, **kwargs)
-        finally:
-            inside[0] -= 1
-
-    monkeypatch.setattr(cla.Array, "set", watched)
-    prov, barrier, got, errors = ocl.provider, threading.Barrier(8), [], []
-
-    def copy_in(i):
-        try:
-            barrier.wait(timeout=60)
-            got.append((i, prov.to_host(prov.from_host(np.full(1000, i, np.float32)))))
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=copy_in, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors and len(got) == 8 and all((h == i).all() for i, h in got)
+    overlaps = _overlaps(monkeypatch, cla.Array, "set")
+    prov, got = ocl.provider, []
+    assert not _at_once(lambda i: got.append((i, prov.to_host(prov.from_host(np.full(1000, i, np.float32))))))
+    assert len(got) == 8 and all((h == i).all() for i, h in got)
     assert not overlaps, f"{len(overlaps)} host copies entered the queue beside another"
     src = "__kernel void one(__global float* x) { x[get_global_id(0)] = 1; }"
     knl = cl_compile.kernel(prov, src, {}, "one", label="test.one")
