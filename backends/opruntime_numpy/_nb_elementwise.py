@@ -6,9 +6,8 @@ float64 are computed natively (the launchers widen float16 to float32).
 
 The activations are those of ``opruntime.ops.base.ACTIVATIONS``, by the codes of :data:`CODES`,
 each the formula the NumPy epilogue (``epilogue.activate``) and the float64 reference use:
-``gelu`` is ``0.5 x erfc(-x / sqrt 2)`` (float32: ``x (0.5 + 0.5 erf(x / sqrt 2))`` with the
-rational erf of :mod:`._nb_math`, 2.8x the throughput of the erfc form, torch's absolute
-accuracy), ``gelu_tanh`` ``x / (1 + exp(-2u))``, ``silu`` ``x / (1 + exp(-x))``, ``sigmoid``
+``gelu`` is ``0.5 x erfc(-x / sqrt 2)`` (float32: ``x ncdf32(x)`` of :mod:`._nb_math`, relatively
+accurate in the tail), ``gelu_tanh`` ``x / (1 + exp(-2u))``, ``silu`` ``x / (1 + exp(-x))``, ``sigmoid``
 ``1 / (1 + exp(-x))``; NaN stays NaN, ``relu`` keeps it.
 """
 
@@ -19,13 +18,11 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from ._nb_math import (
-    F32,
     VECTOR_BYTES,
-    erf32,
     erfc64,
     exp32_fast,
     exp64,
-    fma,
+    ncdf32,
     stream_add,
     stream_copy,
     stream_div,
@@ -48,7 +45,7 @@ BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 def _scalar(body):
     """A generic scalar function of the loops: ``body(F, exp, phi, tanh)`` gives its implementation
     for the float type ``F``, ``phi(v)`` being the normal CDF ``P(N(0,1) < v)`` (float32: the
-    vectorizable forms of :mod:`._nb_math`, ``exp32_fast`` and ``0.5 + 0.5 erf(v / sqrt 2)``;
+    vectorizable forms of :mod:`._nb_math`, ``exp32_fast`` and ``ncdf32``;
     float64: exp, ``0.5 erfc(-v / sqrt 2)``). Each is small, so that LLVM inlines it into the loop
     and vectorizes the loop."""
 
@@ -58,17 +55,12 @@ def _scalar(body):
     @overload(stub)
     def _typed(v):
         if v == types.float32:
-            return body(np.float32, exp32_fast, _phi32, tanh32)
+            return body(np.float32, exp32_fast, ncdf32, tanh32)
         if v == types.float64:
             return body(np.float64, exp64, _phi64, tanh64)
         return None
 
     return stub
-
-
-@njit(error_model="numpy")
-def _phi32(v):
-    return fma(erf32(v * F32(0.70710678118654752440)), F32(0.5), F32(0.5))
 
 
 @njit(error_model="numpy")

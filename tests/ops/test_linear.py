@@ -180,6 +180,19 @@ def test_zero_in_features_with_a_residual(device, rng, activation):
     np.testing.assert_allclose(out.numpy(), act(r.astype(np.float64)), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_float16_product_and_bias_are_rounded_once(device, activation):
+    """float16: the product plus the bias rounded once, as an fp32 accumulator and epilogue do:
+    3 * 0.3 - 0.9 in float16 operands is 2^-12, exact in float32; the product rounded to float16
+    first gives 0 or 2^-11, an error as large as the result (JAX's linear did, in float16)."""
+    skip_unless_dtype(device, "linear", "float16")
+    x, w, b = np.array([[3.0]], np.float16), np.array([[0.3]], np.float16), np.array([-0.9], np.float16)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    assert want.tolist() == [[2.0 ** -12]]
+    out = opr.linear(x, w, b, activation=activation, device=device).numpy()
+    assert out.dtype == np.float16 and out.tolist() == [[2.0 ** -12]]
+
+
 @pytest.mark.parametrize("activation", EPILOGUES)
 def test_conv2d_activation_agrees_with_torch(device, rng, activation):
     torch = pytest.importorskip("torch")

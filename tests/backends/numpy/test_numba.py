@@ -138,6 +138,34 @@ def test_norm_specials_and_constant_rows(op):
     assert rel_err(out, ref) <= TOLERANCE["float32"]
 
 
+#: float32 gelu's tail, where results are small against x, and the rest of its range
+GELU_X = np.concatenate([np.linspace(-13.0, -3.0, 401), np.linspace(-3.0, 5.0, 81)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("call", ["gelu", "add", "linear_few_rows", "linear_rows"])
+def test_float32_gelu_is_accurate_relative_to_each_result(call):
+    """float32 gelu within 2e-6 of every result in float32's normal range, the tail (x < -3, results
+    down to 1e-37) too, in each numba kernel that applies it: the operator, an add's activation and
+    linear's epilogue (few rows: after the product; more: per block of rows). An erf of absolute
+    accuracy (torch's) makes results below 1e-7 all error: a linear's output lying wholly in the
+    tail came out 0."""
+    ref = OPS["gelu"].reference(GELU_X.astype(np.float64))
+    ones = np.ones((1, 1), np.float32)
+    calls = {
+        "gelu": ("numpy.gelu.numba", lambda: opr.gelu(GELU_X).numpy()),
+        "add": ("numpy.add.numba", lambda: opr.add(GELU_X, np.zeros_like(GELU_X), activation="gelu").numpy()),
+        "linear_few_rows": ("numpy.linear.numba", lambda: np.concatenate(
+            [opr.linear(GELU_X[i:i + 4, None], ones, activation="gelu").numpy()[:, 0] for i in range(0, GELU_X.size, 4)])),
+        "linear_rows": ("numpy.linear.numba", lambda: opr.linear(GELU_X[:, None], ones, activation="gelu").numpy()[:, 0]),
+    }
+    name, fn = calls[call]
+    with pinned(name):
+        got = fn()
+    normal = np.abs(ref) >= np.finfo(np.float32).tiny
+    assert normal.sum() > 450
+    np.testing.assert_allclose(got[normal], ref[normal], rtol=2e-6, atol=0)
+
+
 # -- the disk cache and first use ------------------------------------------------------------------------
 
 def _first_use(cache: str) -> float:
