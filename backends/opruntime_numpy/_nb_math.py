@@ -321,11 +321,11 @@ def ncdf32(v):
     -v^2 / 2`` is carried as an exact float32 plus its rounding error (from an fma), into the
     reduction of an :func:`exp32_fast`: formed as one float32, its rounding alone was a relative
     error of 2e-5 near v = -13. ``1 - tail`` for v >= 0 cancels nothing (the result is >= 0.5).
-    ``0.5 + 0.5 erf(v / sqrt 2)`` by a rational erf is 2.2x the throughput, but its absolute error
-    of 1e-7 is the whole result for v < -5.3: a linear's output whose every value lay in that tail
-    came out 0 (relative error 1)."""
+    ``0.5 + 0.5 erf(v / sqrt 2)`` by a rational erf (torch's way) has 1.9x the throughput, but its
+    absolute error of 1e-7 is the whole result for v < -5.3: a linear's output whose every value lay
+    in that tail came out 0 (relative error 1)."""
     av = abs(v)
-    vc = F32(13.5) if av > F32(13.5) else av  # beyond 13.5 the tail is below float32's range
+    vc = F32(13.15) if av > F32(13.15) else av  # the exponent stays above -88 (no underflow clamp)
     t = F32(1.0) / fma(vc, F32(0.35355339059327376220), F32(1.0))  # a / 2 = |v| / (2 sqrt 2)
     p = fma(t, F32(0.17087277), F32(-0.82215223))
     p = fma(t, p, F32(1.48851587))
@@ -339,10 +339,7 @@ def ncdf32(v):
     s = vc * vc
     hi = s * F32(-0.5)  # -a^2 rounded, exact after the rounding of s
     lo = fma(fma(vc, vc, -s), F32(-0.5), p)  # the rounding of s, and P(t)
-    under = hi + lo < F32(-88.0)  # as exp32_fast: a result below float32's normal range is 0
-    hi = F32(-88.0) if under else hi
-    lo = F32(0.0) if under else lo
-    k = fma(hi + lo, F32(1.44269504088896341), F32(12582912.0))
+    k = fma(hi + lo, F32(1.44269504088896341), F32(12582912.0))  # exp32_fast's reduction, of hi + lo
     n = k - F32(12582912.0)
     r = fma(n, F32(-0.693359375), hi)
     r = fma(n, F32(2.12194440e-4), r) + lo
@@ -350,7 +347,8 @@ def ncdf32(v):
     e = fma(e, r, F32(0.1666688621044159))
     e = fma(e, r, F32(0.49999141693115234))
     e = fma(e, r * r, r) + F32(1.0)
-    tail = F32(0.5) * t * (e * _pow2_bits_f32(k))  # P(N(0, 1) < -|v|)
+    tail = (F32(0.5) * t) * (e * _pow2_bits_f32(k))  # P(N(0, 1) < -|v|)
+    tail = F32(0.0) if av > F32(13.15) else tail  # a result below float32's normal range (NaN kept)
     return tail if v < F32(0.0) else F32(1.0) - tail
 
 
