@@ -72,3 +72,17 @@ def test_depthwise_is_chosen_for_depthwise_layers():
     p = _problem([(8, 64, 56, 56), (64, 1, 3, 3)], "float32", padding=1, groups=64)
     costs = {k.name: min(k.estimate(p, c) for c in k.candidates(p)) for k in conv.kernels() if k.supports(p)}
     assert min(costs, key=costs.get) in ("numpy.conv2d.depthwise", "numpy.conv2d.numba_depthwise")
+
+
+@pytest.mark.parametrize("dtype, big, small", [("float32", 1e8, 1.0), ("float16", 65504.0, 2.0 ** -24)])
+def test_ufunc_sum_and_mean_accumulate_wider_than_float32(dtype, big, small):
+    """``numpy.sum.ufunc`` / ``numpy.mean.ufunc`` accumulate float16 and float32 in float64: terms
+    that cancel leave the small one (accumulated in float32, ``big + small`` rounds to ``big`` and
+    the result is 0), rounded once; the conformance cases' sums that cancelled failed so."""
+    import opruntime as opr
+
+    x = np.array([big, small, -big], dtype)
+    for op, want in (("sum", small), ("mean", small / 3)):
+        with opr.override(ops={op: {"kernel": f"numpy.{op}.ufunc"}}, strict=True):
+            got = getattr(opr, op)(x).numpy()
+        assert got.dtype == np.dtype(dtype) and got.item() == np.array(want, dtype).item(), (op, got)
