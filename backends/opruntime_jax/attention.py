@@ -39,7 +39,7 @@ from typing import Any
 from opruntime.kernels import Kernel, Problem, Refusal, itemsize
 
 from . import pallas_attention
-from .compile import JitKernel, device_cost, io_bytes, matmul_precision, platform, round_up
+from .compile import JitKernel, accumulator, device_cost, io_bytes, matmul_precision, platform, round_up
 from .matmul import FLOATS, PALLAS_FLOATS, _source
 
 OP = "scaled_dot_product_attention"
@@ -182,7 +182,7 @@ def build_blocked(problem: Problem, config: Mapping[str, Any]) -> Any:
     lp, sp = round_up(L, bq), round_up(S, bk)
     nq, nk = lp // bq, sp // bk
     dtype = jnp.dtype(problem.dtype)
-    acc_t = jnp.dtype(jnp.float32) if problem.dtype in ("float16", "bfloat16") else dtype
+    acc_t = accumulator(problem.dtype)
     on_cpu = platform(problem) == "cpu"
     dot_t = acc_t if on_cpu else dtype  # the CPU has no fast half-precision dot: convert once
     precision = matmul_precision(problem.dtype)

@@ -90,6 +90,14 @@ def x64_scope() -> contextlib.AbstractContextManager:
     return scope(True)
 
 
+def accumulator(dtype: str) -> Any:
+    """The dtype a kernel accumulates and applies its epilogue in for inputs of ``dtype``: float32
+    for float16 and bfloat16 (rounded once, at the end), the dtype itself otherwise."""
+    import jax.numpy as jnp
+
+    return jnp.dtype(jnp.float32 if dtype in ("float16", "bfloat16") else dtype)
+
+
 def matmul_precision(dtype: str) -> Any:
     """The ``precision`` for dot / conv: HIGHEST for float32 and float64 (no TF32, no bf16 passes),
     unless the user has set ``jax_default_matmul_precision`` themselves, which then applies."""

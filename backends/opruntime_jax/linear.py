@@ -13,17 +13,16 @@ from typing import Any
 
 from opruntime.kernels import Kernel, Problem
 
-from .compile import JitKernel, device_cost, io_bytes, matmul_precision
+from .compile import JitKernel, accumulator, device_cost, io_bytes, matmul_precision
 from .epilogue import activate
 from .matmul import FLOATS
 
 
 def build_xla(problem: Problem, config: Mapping[str, Any]) -> Any:
-    import jax.numpy as jnp
     from jax import lax
 
     precision, act = matmul_precision(problem.dtype), problem.attrs["activation"]
-    acc = jnp.float32 if problem.dtype in ("float16", "bfloat16") else None  # None: the operands' dtype
+    acc = accumulator(problem.dtype)
     has_bias, has_residual = problem.attrs["bias"], problem.attrs["residual"]
     # contract x's dim 1 with w's dim 1: x @ w.T without materialising the transpose
     dims = (((1,), (1,)), ((), ()))

@@ -12,7 +12,7 @@ from typing import Any
 
 from opruntime.kernels import Kernel, Problem
 
-from .compile import JitKernel, device_cost, io_bytes
+from .compile import JitKernel, accumulator, device_cost, io_bytes
 from .matmul import FLOATS
 
 DEFAULT_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "float64": 2.0 ** -52}
@@ -24,10 +24,6 @@ def _split(problem: Problem, vecs: tuple[Any, ...]) -> tuple[Any, Any]:
     return w, b
 
 
-def _acc(jnp: Any, dtype: str) -> Any:
-    return jnp.float32 if dtype in ("float16", "bfloat16") else getattr(jnp, dtype)
-
-
 def build_rows(problem: Problem, config: Mapping[str, Any]) -> Any:
     import jax.numpy as jnp
 
@@ -35,7 +31,7 @@ def build_rows(problem: Problem, config: Mapping[str, Any]) -> Any:
     axes = tuple(range(len(problem.shapes[0]) - problem.attrs["dims"], len(problem.shapes[0])))
     eps = problem.attrs["eps"]
     eps = DEFAULT_EPS[problem.dtype] if eps is None else eps
-    acc = _acc(jnp, problem.dtype)
+    acc = accumulator(problem.dtype)
 
     def rows(x: Any, *vecs: Any) -> Any:
         w, b = _split(problem, vecs)
@@ -56,7 +52,7 @@ def build_batch(problem: Problem, config: Mapping[str, Any]) -> Any:
     import jax.numpy as jnp
 
     eps = problem.attrs["eps"]
-    acc = _acc(jnp, problem.dtype)
+    acc = accumulator(problem.dtype)
 
     def batch(x: Any, mean: Any, var: Any, *vecs: Any) -> Any:
         w, b = _split(problem, vecs)
