@@ -104,7 +104,7 @@ def _check_result(what: str, res: object, label: str, views: Sequence[object], p
         out.append(Finding("kernel", label, f"{what} returned shape {tuple(res.shape)} {res.dtype}, expected "
                            f"{problem.out_shape} {problem.out_dtype}"))
         return out
-    bad = compare(np.asarray(prov.to_host(res)).reshape(plan.result_shape), built.reference, dtype)
+    bad = compare(np.asarray(prov.to_host(res)).reshape(plan.result_shape), built.reference, dtype, built.sensitivity)
     if bad:
         out.append(Finding("kernel", label, f"{what}: {bad}" if what != "run" else bad))
     for i, (base, host) in enumerate(built.bases):
@@ -144,7 +144,7 @@ def check_pinned(kernel: Kernel, device: Device, cases: Sequence[Case] | None = 
             continue
         if chosen.split("[")[0] != kernel.name:
             out.append(Finding("pinned", subject, f"the frontend chose {chosen!r}, not the pinned kernel"))
-        bad = compare(res.numpy(), built.reference, dtype)
+        bad = compare(res.numpy(), built.reference, dtype, built.sensitivity)
         if bad:
             out.append(Finding("pinned", subject, bad))
     return out

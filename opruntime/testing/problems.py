@@ -18,7 +18,7 @@ import numpy as np
 from ..devices import Device
 from ..ops import OPS, Case
 from ..ops.base import wide
-from .numerics import random_array
+from .numerics import random_array, sensitivity
 
 #: operator -> its conformance problems (each operator's own ``cases``)
 CASES: dict[str, list[Case]] = {name: list(op.cases) for name, op in OPS.items()}
@@ -46,6 +46,11 @@ class Built:
     hosts: list[np.ndarray]
     bases: list[tuple[Any, np.ndarray]]
     reference: np.ndarray
+
+    def sensitivity(self) -> float:
+        """The relative error a correct kernel may have on this problem (:func:`~.numerics.sensitivity`)."""
+        op, attrs = OPS[self.case.op], self.case.attrs
+        return sensitivity(lambda hosts: op.reference(*wide(hosts), **attrs), self.hosts, self.dtype)
 
 
 def device_view(device: Device, host: np.ndarray, view: str | None) -> tuple[Any, Any, np.ndarray]:
