@@ -6,7 +6,7 @@ float64 are computed natively (the launchers widen float16 to float32).
 
 The activations are those of ``opruntime.ops.base.ACTIVATIONS``, by the codes of :data:`CODES`,
 each the formula the NumPy epilogue (``epilogue.activate``) and the float64 reference use:
-``gelu`` is ``0.5 x erfc(-x / sqrt 2)`` (float32: ``x ncdf32(x)`` of :mod:`._nb_math`, relatively
+``gelu`` is ``0.5 x erfc(-x / sqrt 2)`` (float32: :func:`._nb_math.gelu32`, relatively
 accurate in the tail), ``gelu_tanh`` ``x / (1 + exp(-2u))``, ``silu`` ``x / (1 + exp(-x))``, ``sigmoid``
 ``1 / (1 + exp(-x))``; NaN stays NaN, ``relu`` keeps it.
 """
@@ -22,7 +22,7 @@ from ._nb_math import (
     erfc64,
     exp32_fast,
     exp64,
-    ncdf32,
+    gelu32,
     stream_add,
     stream_copy,
     stream_div,
@@ -43,10 +43,9 @@ BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 
 
 def _scalar(body):
-    """A generic scalar function of the loops: ``body(F, exp, phi, tanh)`` gives its implementation
-    for the float type ``F``, ``phi(v)`` being the normal CDF ``P(N(0,1) < v)`` (float32: the
-    vectorizable forms of :mod:`._nb_math`, ``exp32_fast`` and ``ncdf32``;
-    float64: exp, ``0.5 erfc(-v / sqrt 2)``). Each is small, so that LLVM inlines it into the loop
+    """A generic scalar function of the loops: ``body(F, exp, gelu, tanh)`` gives its implementation
+    for the float type ``F`` (float32: the vectorizable forms of :mod:`._nb_math`, ``exp32_fast``,
+    ``gelu32`` and ``tanh32``; float64: exp, ``0.5 v erfc(-v / sqrt 2)`` and tanh). Each is small, so that LLVM inlines it into the loop
     and vectorizes the loop."""
 
     def stub(v):  # pragma: no cover - replaced by the overload inside compiled code
@@ -55,26 +54,26 @@ def _scalar(body):
     @overload(stub)
     def _typed(v):
         if v == types.float32:
-            return body(np.float32, exp32_fast, ncdf32, tanh32)
+            return body(np.float32, exp32_fast, gelu32, tanh32)
         if v == types.float64:
-            return body(np.float64, exp64, _phi64, tanh64)
+            return body(np.float64, exp64, _gelu64, tanh64)
         return None
 
     return stub
 
 
 @njit(error_model="numpy")
-def _phi64(v):
-    return 0.5 * erfc64(v * -0.70710678118654752440)
+def _gelu64(v):
+    return v * (0.5 * erfc64(v * -0.70710678118654752440))
 
 
-relu = _scalar(lambda F, exp, phi, tanh: lambda v: F(0.0) if v < F(0.0) else v)  # NaN stays NaN
-gelu = _scalar(lambda F, exp, phi, tanh: lambda v: v * phi(v))
-gelu_tanh = _scalar(lambda F, exp, phi, tanh: lambda v: v / (
+relu = _scalar(lambda F, exp, gelu, tanh: lambda v: F(0.0) if v < F(0.0) else v)  # NaN stays NaN
+gelu = _scalar(lambda F, exp, gelu, tanh: lambda v: gelu(v))
+gelu_tanh = _scalar(lambda F, exp, gelu, tanh: lambda v: v / (
     exp((v * v * F(0.044715) + F(1.0)) * v * F(-1.5957691216057307118)) + F(1.0)))
-silu = _scalar(lambda F, exp, phi, tanh: lambda v: v / (exp(-v) + F(1.0)))
-sigmoid = _scalar(lambda F, exp, phi, tanh: lambda v: F(1.0) / (exp(-v) + F(1.0)))
-tanh_ = _scalar(lambda F, exp, phi, tanh: lambda v: tanh(v))
+silu = _scalar(lambda F, exp, gelu, tanh: lambda v: v / (exp(-v) + F(1.0)))
+sigmoid = _scalar(lambda F, exp, gelu, tanh: lambda v: F(1.0) / (exp(-v) + F(1.0)))
+tanh_ = _scalar(lambda F, exp, gelu, tanh: lambda v: tanh(v))
 
 
 @njit(parallel=True, **OPTIONS)
