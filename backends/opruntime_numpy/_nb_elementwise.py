@@ -45,8 +45,8 @@ BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 def _scalar(body):
     """A generic scalar function of the loops: ``body(F, exp, gelu, tanh)`` gives its implementation
     for the float type ``F`` (float32: the vectorizable forms of :mod:`._nb_math`, ``exp32_fast``,
-    ``gelu32`` and ``tanh32``; float64: exp, ``0.5 v erfc(-v / sqrt 2)`` and tanh). Each is small, so that LLVM inlines it into the loop
-    and vectorizes the loop."""
+    ``gelu32`` and ``tanh32``; float64: exp, ``0.5 v erfc(-v / sqrt 2)`` and tanh). Each is small,
+    so that LLVM inlines it into the loop and vectorizes the loop."""
 
     def stub(v):  # pragma: no cover - replaced by the overload inside compiled code
         raise NotImplementedError

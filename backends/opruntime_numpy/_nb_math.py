@@ -253,26 +253,11 @@ def exp64(x):
 
 
 @intrinsic
-def _pow2_bits_f32(typingctx, k):
-    """``2.0 ** n`` as a float32 from ``k = n + 1.5 * 2 ** 23`` (a float32 whose low mantissa bits
-    hold the integer ``n``): ``(bits(k) + 127) << 23`` (the high bits shift out). ``n = -127``
-    gives 0.0 and ``n = 128`` gives inf."""
-    if k != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        bits = builder.bitcast(args[0], i32)
-        bits = builder.shl(builder.add(bits, ir.Constant(i32, 127)), ir.Constant(i32, 23))
-        return builder.bitcast(bits, ir.FloatType())
-
-    return types.float32(k), codegen
-
-
-@intrinsic
 def _scale_f32(typingctx, p, k):
-    """``p * 2.0 ** n`` from ``k = n + 1.5 * 2 ** 23`` (as :func:`_pow2_bits_f32`) by adding ``n`` to
-    ``p``'s exponent bits: one integer addition, exact where ``p`` and the result are normal."""
+    """``p * 2.0 ** n`` from ``k = n + 1.5 * 2 ** 23`` (a float32 whose low mantissa bits hold the
+    integer ``n``) by adding ``n << 23`` to ``p``'s bits (the high bits of ``k`` shift out): one
+    integer addition, exact where ``p`` and the result are normal. ``p = 1`` builds ``2.0 ** n``
+    itself: ``n = -127`` gives 0.0 and ``n = 128`` inf."""
     if p != types.float32 or k != types.float32:
         return None
 
@@ -303,7 +288,7 @@ def exp32_fast(x):
     p = fma(p, r, F32(0.1666688621044159))
     p = fma(p, r, F32(0.49999141693115234))
     p = fma(p, r * r, r) + F32(1.0)
-    return p * _pow2_bits_f32(k)
+    return p * _scale_f32(F32(1.0), k)
 
 
 @njit(error_model="numpy")
@@ -331,7 +316,8 @@ def tanh32(x):
 #: gelu32's fit: ``Phi(-x) = t exp(-(x^2 + Q(t)) / 2)``, ``t = 1 / (4 + 1.32 x)``; Q's coefficients,
 #: highest power first (a degree-7 least-squares fit of ``-2 ln(Phi(-x) / t) - x^2`` over x in
 #: [0, 13.15], t scaled by 4 so that the exponent's power of two stays normal; 2.4e-7 relative)
-_GELU_Q = (6398.98291015625, -7159.29345703125, 2839.75830078125, -406.41552734375, 26.363113403320312, -14.808964729309082, -7.930944442749023, 1.2817487716674805)
+_GELU_Q = (6398.98291015625, -7159.29345703125, 2839.75830078125, -406.41552734375,
+           26.363113403320312, -14.808964729309082, -7.930944442749023, 1.2817487716674805)
 
 
 @njit(error_model="numpy")

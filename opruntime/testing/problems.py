@@ -50,7 +50,7 @@ class Built:
     def sensitivity(self) -> float:
         """The relative error a correct kernel may have on this problem (:func:`~.numerics.sensitivity`)."""
         op, attrs = OPS[self.case.op], self.case.attrs
-        return sensitivity(lambda hosts: op.reference(*wide(hosts), **attrs), self.hosts, self.dtype)
+        return sensitivity(lambda hosts: op.reference(*wide(hosts), **attrs), self.hosts, self.reference, self.dtype)
 
 
 def device_view(device: Device, host: np.ndarray, view: str | None) -> tuple[Any, Any, np.ndarray]:
